@@ -1,0 +1,51 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "open3"
+require "rbconfig"
+
+# Packaging: `gem build` + `gem install --local` into an empty GEM_HOME
+# compiles the Rust extension through extconf.rb, and a new Ruby process can
+# load it from there (and only from there).
+RSpec.describe "the packaged gem" do
+  let(:spec) { Gem::Specification.load(File.join(ROOT, "pgbus-hub.gemspec")) }
+
+  it "ships what the build needs and nothing else" do
+    files = spec.files
+    expect(files).to include("Cargo.toml", "Cargo.lock", "ext/pgbus_hub/extconf.rb",
+                             "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/lib.rs",
+                             "ext/pgbus_hub_core/Cargo.toml", "ext/pgbus_hub_core/src/lib.rs",
+                             "lib/pgbus/hub.rb")
+    expect(files.grep(%r{(\A|/)(target|tmp|fuzz|spec)/})).to be_empty
+    expect(files.grep(/\.(so|gem|o)\z/)).to be_empty
+  end
+
+  it "builds, installs into an empty GEM_HOME and loads in a new process" do
+    Dir.mktmpdir("pgbus-hub-gem") do |dir|
+      gem_file = File.join(dir, "pgbus-hub.gem")
+      env = { "CARGO_TARGET_DIR" => ENV.fetch("CARGO_TARGET_DIR") { File.join(ROOT, "target") } }
+      out, status = Open3.capture2e(env, "gem", "build", "pgbus-hub.gemspec", "--output", gem_file, chdir: ROOT)
+      expect(status).to be_success, out
+
+      home = File.join(dir, "home")
+      install_env = env.merge("GEM_HOME" => home, "GEM_PATH" => home)
+      out, status = Open3.capture2e(install_env, "gem", "install", "--local", "--no-document", gem_file,
+                                    chdir: dir)
+      expect(status).to be_success, out
+
+      script = <<~RUBY
+        require "pgbus/hub"
+        frame = Pgbus::Hub::Protocol.encode({ "t" => "sub", "q" => "chat" })
+        back = Pgbus::Hub::Protocol.read_frame(StringIO.new(frame))
+        puts [Pgbus::Hub::VERSION, $LOADED_FEATURES.grep(/pgbus_hub\\./).first, back.inspect].join("|")
+      RUBY
+      clean_env = install_env.merge("RUBYLIB" => nil, "RUBYOPT" => nil)
+      out, status = Open3.capture2e(clean_env, RbConfig.ruby, "-rstringio", "-e", script, chdir: dir)
+      expect(status).to be_success, out
+      version, feature, back = out.strip.split("|")
+      expect(version).to eq(Pgbus::Hub::VERSION)
+      expect(feature).to start_with(home)
+      expect(back).to eq({ "t" => "sub", "q" => "chat" }.inspect)
+    end
+  end
+end
