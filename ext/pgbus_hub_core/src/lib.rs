@@ -3,5 +3,20 @@
 //!
 //! Layout (one job per module):
 //! - [`protocol`]: frames (4-byte length + JSON object), encoder and incremental decoder.
+//! - [`log`]: log records from native threads, forwarded through a bounded channel.
+//! - [`process`]: fork awareness (owner pid checks).
+//! - [`conninfo`]: libpq-style connection options (URL, keywords, pairs) -> tokio-postgres config + TLS.
+//! - [`listener`]: the LISTEN engine: one PostgreSQL connection, channel set, health check,
+//!   reconnect + re-LISTEN; used by the master hub and by the per-worker fallback listener.
+//! - [`hub`]: the master hub: Unix socket server, routing table, per-worker outboxes.
+//! - [`client`]: the worker's hub client: subscribe with acks, wakes to a delivery channel.
+//! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
 
+pub mod client;
+pub mod conninfo;
+pub mod delivery;
+pub mod hub;
+pub mod listener;
+pub mod log;
+pub mod process;
 pub mod protocol;
