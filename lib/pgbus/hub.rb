@@ -2,8 +2,18 @@
 
 require_relative "hub/version"
 # The native extension (ext/pgbus_hub): defines Pgbus::Hub::Protocol,
-# Pgbus::Hub::Error and Pgbus::Hub::ProtocolError.
+# Pgbus::Hub::Error, Pgbus::Hub::ProtocolError and the native classes
+# that the files below give their Ruby keywords.
+require "set"
 require "pgbus_hub"
+require_relative "hub/options"
+require_relative "hub/log_drain"
+require_relative "hub/master_hub"
+require_relative "hub/wake_message"
+require_relative "hub/pump"
+require_relative "hub/hub_client"
+require_relative "hub/listener"
+require_relative "hub/failover_listener"
 
 module Pgbus
   # One PostgreSQL LISTEN connection per host, shared by Puma's workers.

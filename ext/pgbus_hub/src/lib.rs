@@ -4,8 +4,15 @@
 //! exceptions in `errors` only; Ruby <-> JSON conversion lives in `json`.
 
 mod errors;
+mod hub_client;
 mod json;
+mod listener;
+mod logs;
+mod master_hub;
+mod nogvl;
+mod options;
 mod protocol;
+mod pump;
 
 use magnus::{prelude::*, Error, Ruby};
 
@@ -14,5 +21,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let hub = ruby.define_module("Pgbus")?.define_module("Hub")?;
     errors::init(ruby, hub)?;
     protocol::init(ruby, hub)?;
+    master_hub::init(ruby, hub)?;
+    hub_client::init(ruby, hub)?;
+    listener::init(ruby, hub)?;
     Ok(())
 }

@@ -1,1 +1,713 @@
-//! (in progress)
+//! The worker's hub client: one Unix-socket connection to the master hub.
+//!
+//! `ensure_listening` writes `sub` and blocks until the hub acks (the LISTEN
+//! is active), so the no-lost-wake contract crosses the process boundary.
+//! One native reader thread decodes the hub's frames: wakes go to the
+//! [`DeliverySender`] (per-queue order preserved), acks release waiters,
+//! `status` records the hub's health.
+//!
+//! Failure model (pgbus 0.13.1's): never retry, never reconnect. The first of
+//! EOF, reset, a protocol error from the hub, an ack timeout or a stalled write
+//! marks the client dead: every pending waiter is released, the socket is shut
+//! down and [`Delivery::Failed`] is sent exactly once (the embedding runtime's
+//! cue to fail over to a per-worker listener). A clean [`HubClient::stop`]
+//! releases waiters too but never sends `Failed`.
+//!
+//! Fork: a client inherited by a forked child is inert there. It reports dead
+//! and never writes to, shuts down or joins the parent's socket and thread.
+
+use crate::delivery::{Delivery, DeliverySender};
+use crate::log::LogSink;
+use crate::process::Owner;
+use crate::protocol::{Decoder, Message, Object};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// pgbus's default ack budget.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long `stop` waits for the reader thread before leaving it detached.
+pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Size of `sockaddr_un.sun_path` (108 on Linux); a path needs one byte less
+/// (the terminating NUL).
+pub const SUN_PATH_BYTES: usize = {
+    // SAFETY: sockaddr_un is plain old data; an all-zero value is valid.
+    let addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_path.len()
+};
+
+/// One read's worth; frames larger than this are reassembled by the decoder.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The reader decodes JSON nested up to 100 deep; 512 KiB is ample.
+const READER_STACK_BYTES: usize = 512 * 1024;
+
+const LOG_PREFIX: &str = "[pgbus-hub] HubClient:";
+
+const INHERITED: &str = "master hub client was inherited across fork; connect a new one";
+
+const STOPPED: &str = "master hub client stopped";
+
+pub struct ClientConfig {
+    pub socket_path: PathBuf,
+    /// Bounds both the write of a frame and the wait for a `sub`'s ack.
+    pub ack_timeout: Duration,
+    pub log: LogSink,
+}
+
+impl ClientConfig {
+    /// Default ack timeout (2 s), log records to the `log` facade only.
+    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            log: LogSink::silent(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The hub cannot serve this request (unreachable, dead, timed out,
+    /// stopped, inherited across fork). The message says which.
+    Unavailable(String),
+    /// The hub refused this queue (a `nack` frame); the client stays alive.
+    Rejected { queue: String, reason: String },
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(message) => f.write_str(message),
+            Self::Rejected { queue, reason } => {
+                write!(f, "master hub refused {queue}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// What a waiter in `ensure_listening` is told.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Acked,
+    Died,
+    Stopped,
+    Rejected(String),
+}
+
+struct Waiter {
+    id: u64,
+    outcome: Sender<Outcome>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Set once, by the first of death or stop; never cleared.
+    dead_reason: Option<String>,
+    /// FIFO per queue: an ack releases the oldest waiter.
+    pending: HashMap<String, VecDeque<Waiter>>,
+    next_waiter: u64,
+}
+
+struct Inner {
+    ack_timeout: Duration,
+    log: LogSink,
+    deliveries: DeliverySender,
+    /// Shared (read) by the reader's reads, the writer and shutdown(2);
+    /// taken (write) only by `stop` once the reader has exited, to close it.
+    stream: RwLock<Option<UnixStream>>,
+    /// The descriptor number, for a forked child to close its copy without
+    /// touching locks a parent thread may have held at fork time.
+    raw_fd: RawFd,
+    /// False from just before `stop` closes the descriptor.
+    fd_open: AtomicBool,
+    /// Frames never interleave.
+    write_lock: Mutex<()>,
+    state: Mutex<State>,
+    /// Mirrors `state.dead_reason.is_some()` for lock-free reads.
+    dead: AtomicBool,
+    healthy: AtomicBool,
+}
+
+struct Reader {
+    handle: JoinHandle<()>,
+    /// Disconnected when the reader thread has finished.
+    exited: Receiver<()>,
+}
+
+/// The worker side of the master hub. `Send + Sync`: every method may be
+/// called from any thread, concurrently.
+pub struct HubClient {
+    inner: Arc<Inner>,
+    owner: Owner,
+    reader: Mutex<Option<Reader>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere never leaves our state half-updated in a way that
+    // matters more than staying usable.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Seconds the way Ruby prints a Float: 2.0, 0.25.
+fn seconds(duration: Duration) -> String {
+    format!("{:?}", duration.as_secs_f64())
+}
+
+fn unavailable(message: impl Into<String>) -> ClientError {
+    ClientError::Unavailable(message.into())
+}
+
+impl HubClient {
+    /// Connects and starts the reader thread.
+    pub fn connect(config: ClientConfig, deliveries: DeliverySender) -> Result<Self, ClientError> {
+        let ClientConfig {
+            socket_path,
+            ack_timeout,
+            log,
+        } = config;
+        let unreachable = |why: String| {
+            unavailable(format!(
+                "cannot reach master hub at {}: {why}",
+                socket_path.display()
+            ))
+        };
+        let length = socket_path.as_os_str().len();
+        if length == 0 {
+            return Err(unreachable("the socket path is empty".into()));
+        }
+        if length >= SUN_PATH_BYTES {
+            return Err(unreachable(format!(
+                "the socket path is {length} bytes; a Unix socket path must be shorter than {SUN_PATH_BYTES} bytes (sun_path)"
+            )));
+        }
+        let stream = UnixStream::connect(&socket_path).map_err(|e| unreachable(e.to_string()))?;
+        let raw_fd = stream.as_raw_fd();
+        let inner = Arc::new(Inner {
+            ack_timeout,
+            log,
+            deliveries,
+            stream: RwLock::new(Some(stream)),
+            raw_fd,
+            fd_open: AtomicBool::new(true),
+            write_lock: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            dead: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+        });
+        let (exited_sender, exited) = crossbeam_channel::bounded::<()>(0);
+        let reader_inner = Arc::clone(&inner);
+        let spawned = thread::Builder::new()
+            .name("pgbus-hub-client".into())
+            .stack_size(READER_STACK_BYTES)
+            .spawn(move || {
+                let _exited = exited_sender;
+                reader_main(reader_inner);
+            });
+        match spawned {
+            Ok(handle) => Ok(Self {
+                inner,
+                owner: Owner::current(),
+                reader: Mutex::new(Some(Reader { handle, exited })),
+            }),
+            // The closure (and its Arc) is dropped, so `inner` is the last
+            // owner: dropping it closes the socket.
+            Err(e) => Err(unreachable(format!("cannot start the reader thread: {e}"))),
+        }
+    }
+
+    /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active).
+    pub fn ensure_listening(&self, queue: &str) -> Result<(), ClientError> {
+        if !self.owner.is_current() {
+            return Err(unavailable(INHERITED));
+        }
+        let inner = &*self.inner;
+        let frame = Message::Sub(queue.to_owned())
+            .encode()
+            .map_err(|e| ClientError::Rejected {
+                queue: queue.to_owned(),
+                reason: format!("the sub frame cannot be encoded: {e}"),
+            })?;
+        let (sender, outcome) = crossbeam_channel::bounded(1);
+        let id = {
+            let mut state = lock(&inner.state);
+            if let Some(reason) = &state.dead_reason {
+                return Err(unavailable(format!("master hub is unavailable: {reason}")));
+            }
+            let id = state.next_waiter;
+            state.next_waiter += 1;
+            // Registered BEFORE the write: the ack may beat our return from it.
+            state
+                .pending
+                .entry(queue.to_owned())
+                .or_default()
+                .push_back(Waiter {
+                    id,
+                    outcome: sender,
+                });
+            id
+        };
+        if let Err(reason) = inner.write_frame(&frame) {
+            inner.discard_waiter(queue, id);
+            inner.mark_dead(reason);
+            return Err(inner.unavailable_now());
+        }
+        let result = match outcome.recv_timeout(inner.ack_timeout) {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                if inner.discard_waiter(queue, id) {
+                    inner.mark_dead(format!(
+                        "sub ack for {queue} not received within {}s",
+                        seconds(inner.ack_timeout)
+                    ));
+                    return Err(unavailable(format!("master hub ack timeout for {queue}")));
+                }
+                // Someone took the waiter out under the state lock, and sends
+                // its outcome under that lock: it is already in the channel.
+                outcome.try_recv().unwrap_or(Outcome::Died)
+            }
+        };
+        match result {
+            Outcome::Acked => Ok(()),
+            Outcome::Died => Err(unavailable(format!(
+                "master hub died while awaiting ack for {queue}"
+            ))),
+            Outcome::Stopped => Err(unavailable(format!(
+                "{STOPPED} while awaiting ack for {queue}"
+            ))),
+            Outcome::Rejected(reason) => Err(ClientError::Rejected {
+                queue: queue.to_owned(),
+                reason,
+            }),
+        }
+    }
+
+    /// Fire-and-forget `unsub`. A no-op on a dead, stopped or inherited
+    /// client; a failed write marks the client dead but is not reported here.
+    pub fn remove_listening(&self, queue: &str) {
+        if !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire) {
+            return;
+        }
+        let frame = match Message::Unsub(queue.to_owned()).encode() {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.inner.log.warn(format!(
+                    "{LOG_PREFIX} cannot encode unsub for {queue:?}: {e}"
+                ));
+                return;
+            }
+        };
+        if let Err(reason) = self.inner.write_frame(&frame) {
+            self.inner.mark_dead(reason);
+        }
+    }
+
+    /// The hub's last `status{healthy}`; true before the first, false once dead.
+    pub fn hub_healthy(&self) -> bool {
+        self.owner.is_current()
+            && !self.inner.dead.load(Ordering::Acquire)
+            && self.inner.healthy.load(Ordering::Acquire)
+    }
+
+    /// True once the transport died or the client was stopped, and always in
+    /// a forked child.
+    pub fn is_dead(&self) -> bool {
+        !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire)
+    }
+
+    /// Why the client is dead (None while alive).
+    pub fn dead_reason(&self) -> Option<String> {
+        if !self.owner.is_current() {
+            return Some(INHERITED.to_owned());
+        }
+        lock(&self.inner.state).dead_reason.clone()
+    }
+
+    /// Idempotent. Releases pending waiters, shuts the socket down, joins the
+    /// reader (at most [`STOP_JOIN_TIMEOUT`]) and closes the socket. Never
+    /// sends `Delivery::Failed`. Does nothing in a forked child.
+    pub fn stop(&self) {
+        if !self.owner.is_current() {
+            return;
+        }
+        let deadline = Instant::now() + STOP_JOIN_TIMEOUT;
+        self.inner.kill(STOPPED.to_owned(), Outcome::Stopped, false);
+        let Some(reader) = lock(&self.reader).take() else {
+            return;
+        };
+        match reader.exited.recv_deadline(deadline) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                let _ = reader.handle.join();
+                self.inner.close(deadline);
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                // Cannot happen short of a wedged kernel: shutdown(2) ends the
+                // read. Leave the thread detached; the socket closes with it.
+                self.inner.log.warn(format!(
+                    "{LOG_PREFIX} reader did not exit within {}s of stop; detached",
+                    seconds(STOP_JOIN_TIMEOUT)
+                ));
+            }
+        }
+    }
+}
+
+impl Drop for HubClient {
+    fn drop(&mut self) {
+        if self.owner.is_current() {
+            self.stop();
+            return;
+        }
+        // Forked child: the reader thread does not exist here and the locks
+        // may be held by parent threads that do not exist either. Join
+        // nothing, shut nothing down, drop nothing that would close or free.
+        let reader = self
+            .reader
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        std::mem::forget(reader);
+        std::mem::forget(Arc::clone(&self.inner));
+        // Close only this process's copy of the descriptor (close(2), never
+        // shutdown(2)): the parent's connection is untouched, and the hub
+        // still sees EOF when the parent goes away.
+        if self.inner.fd_open.load(Ordering::Acquire) {
+            // SAFETY: the fd was open at fork time (fd_open is cleared before
+            // the parent closes it) and nothing in this process will close it
+            // again: the UnixStream owning it is leaked above.
+            unsafe {
+                libc::close(self.inner.raw_fd);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// The error for a call on a dead client.
+    fn unavailable_now(&self) -> ClientError {
+        let reason = lock(&self.state)
+            .dead_reason
+            .clone()
+            .unwrap_or_else(|| "unknown reason".into());
+        unavailable(format!("master hub is unavailable: {reason}"))
+    }
+
+    /// Removes waiter `id`; false if it was already taken (its outcome is sent).
+    fn discard_waiter(&self, queue: &str, id: u64) -> bool {
+        let mut state = lock(&self.state);
+        let Some(waiters) = state.pending.get_mut(queue) else {
+            return false;
+        };
+        let Some(index) = waiters.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        waiters.remove(index);
+        if waiters.is_empty() {
+            state.pending.remove(queue);
+        }
+        true
+    }
+
+    /// The transport died: idempotent, one `Delivery::Failed`.
+    fn mark_dead(&self, reason: String) {
+        self.kill(reason, Outcome::Died, true);
+    }
+
+    /// First caller wins: records the reason, releases every waiter, shuts
+    /// the socket down; with `report`, logs and sends `Delivery::Failed`.
+    fn kill(&self, reason: String, outcome: Outcome, report: bool) -> bool {
+        {
+            let mut state = lock(&self.state);
+            if state.dead_reason.is_some() {
+                return false;
+            }
+            state.dead_reason = Some(reason.clone());
+            self.dead.store(true, Ordering::Release);
+            self.healthy.store(false, Ordering::Release);
+            // Under the lock: a waiter that times out concurrently either
+            // finds itself still pending or finds its outcome already sent.
+            for (_, waiters) in state.pending.drain() {
+                for waiter in waiters {
+                    let _ = waiter.outcome.try_send(outcome.clone());
+                }
+            }
+            if report {
+                // Under the lock too: wakes are sent under it, so Failed is
+                // the last delivery this client ever makes.
+                self.deliveries.send(Delivery::Failed {
+                    reason: reason.clone(),
+                });
+            }
+        }
+        self.shutdown();
+        if report {
+            self.log.warn(format!(
+                "{LOG_PREFIX} {reason} — falling back to a per-worker listener"
+            ));
+        }
+        true
+    }
+
+    fn shutdown(&self) {
+        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(stream) = stream.as_ref() {
+            // ENOTCONN if the peer is already gone: nothing left to do.
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Closes the socket once the reader is gone. Writers hold the stream
+    /// only for a bounded time (and fail at once after shutdown); if one is
+    /// still there at `deadline`, the socket closes when the client drops.
+    fn close(&self, deadline: Instant) {
+        loop {
+            match self.stream.try_write() {
+                Ok(mut stream) => {
+                    self.fd_open.store(false, Ordering::Release);
+                    drop(stream.take());
+                    return;
+                }
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                    self.fd_open.store(false, Ordering::Release);
+                    drop(poisoned.into_inner().take());
+                    return;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// Writes a whole frame within `ack_timeout`; Err(reason) on a failure
+    /// or stall (the caller marks the client dead).
+    fn write_frame(&self, frame: &[u8]) -> Result<(), String> {
+        let deadline = Instant::now().checked_add(self.ack_timeout);
+        let _serial = lock(&self.write_lock);
+        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        let Some(stream) = stream.as_ref() else {
+            return Err(STOPPED.into());
+        };
+        let fd = stream.as_raw_fd();
+        let mut written = 0;
+        while written < frame.len() {
+            let rest = &frame[written..];
+            // SAFETY: fd is open (we hold the stream); rest is a valid buffer.
+            // MSG_NOSIGNAL: a closed peer is EPIPE, not SIGPIPE.
+            // MSG_DONTWAIT: the socket stays blocking for the reader.
+            let sent = unsafe {
+                libc::send(
+                    fd,
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if sent >= 0 {
+                written += sent as usize;
+                continue;
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {
+                    let stalled = || {
+                        format!(
+                            "write to master hub stalled for {}s",
+                            seconds(self.ack_timeout)
+                        )
+                    };
+                    let timeout_ms = match deadline {
+                        None => -1,
+                        Some(deadline) => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                return Err(stalled());
+                            }
+                            // Round up: never spin on a sub-millisecond rest.
+                            left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                        }
+                    };
+                    let mut poll_fd = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    let ready = unsafe { libc::poll(&mut poll_fd, 1, timeout_ms) };
+                    if ready < 0 {
+                        let error = io::Error::last_os_error();
+                        if error.kind() != io::ErrorKind::Interrupted {
+                            return Err(format!("write to master hub failed: {error}"));
+                        }
+                    }
+                    // ready == 0 is a timeout: the next pass sees the deadline.
+                    // POLLERR/POLLHUP: the next send reports the error.
+                }
+                _ => return Err(format!("write to master hub failed: {error}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One read from the socket; None once `stop` closed it.
+    fn read_some(&self, buffer: &mut [u8]) -> Option<io::Result<usize>> {
+        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        let mut stream: &UnixStream = stream.as_ref()?;
+        Some(stream.read(buffer))
+    }
+
+    /// Handles one decoded frame; Err(reason) kills the client.
+    fn handle_frame(&self, object: Object) -> Result<(), String> {
+        let message =
+            Message::from_object(object).map_err(|e| format!("master hub protocol error: {e}"))?;
+        match message {
+            Message::Wake { queue, payload } => {
+                let state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    self.deliveries.send(Delivery::Wake { queue, payload });
+                }
+            }
+            Message::Ack(queue) => {
+                let mut state = lock(&self.state);
+                let waiter = state.pending.get_mut(&queue).and_then(VecDeque::pop_front);
+                if state.pending.get(&queue).is_some_and(VecDeque::is_empty) {
+                    state.pending.remove(&queue);
+                }
+                match waiter {
+                    Some(waiter) => {
+                        let _ = waiter.outcome.try_send(Outcome::Acked);
+                    }
+                    None => {
+                        drop(state);
+                        self.log.debug(format!(
+                            "{LOG_PREFIX} ack for {queue:?} with no waiter; ignored"
+                        ));
+                    }
+                }
+            }
+            Message::Status { healthy } => {
+                let state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    self.healthy.store(healthy, Ordering::Release);
+                }
+            }
+            Message::Nack { queue, reason } => self.handle_nack(&queue, reason),
+            Message::Sub(_) | Message::Unsub(_) | Message::Unknown(_) => {
+                self.log.warn(format!(
+                    "{LOG_PREFIX} hub sent unknown frame {}; ignored",
+                    describe_kind(&message)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `{"t":"nack","q":Q,"reason":R}` (our extension): fail the oldest
+    /// waiter for Q only; the client stays alive.
+    fn handle_nack(&self, queue: &str, reason: String) {
+        let mut state = lock(&self.state);
+        let waiter = state.pending.get_mut(queue).and_then(VecDeque::pop_front);
+        if state.pending.get(queue).is_some_and(VecDeque::is_empty) {
+            state.pending.remove(queue);
+        }
+        match waiter {
+            Some(waiter) => {
+                let _ = waiter.outcome.try_send(Outcome::Rejected(reason));
+            }
+            None => {
+                drop(state);
+                self.log.debug(format!(
+                    "{LOG_PREFIX} nack for {queue:?} with no waiter; ignored"
+                ));
+            }
+        }
+    }
+}
+
+/// The "t" of an unexpected frame, for the log line.
+fn describe_kind(message: &Message) -> String {
+    match message {
+        Message::Sub(_) => "\"sub\"".into(),
+        Message::Unsub(_) => "\"unsub\"".into(),
+        Message::Unknown(object) => match object.get("t") {
+            Some(kind) => kind.to_string(),
+            None => "without \"t\"".into(),
+        },
+        _ => "?".into(),
+    }
+}
+
+fn reader_main(inner: Arc<Inner>) {
+    let result = panic::catch_unwind(AssertUnwindSafe(|| read_until_death(&inner)));
+    let reason = match result {
+        Ok(Some(reason)) => reason,
+        Ok(None) => return,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            format!("master hub reader crashed: {what}")
+        }
+    };
+    // A no-op after stop (already dead), so a clean stop never reports.
+    inner.mark_dead(reason);
+}
+
+/// Reads and handles frames until the transport ends. Some(reason) if it died,
+/// None if the client was already dead or stopped.
+fn read_until_death(inner: &Inner) -> Option<String> {
+    let mut decoder = Decoder::new();
+    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        let read = inner.read_some(&mut buffer)?;
+        if inner.dead.load(Ordering::Acquire) {
+            return None;
+        }
+        let count = match read {
+            Ok(0) if decoder.has_partial_frame() => {
+                return Some("master hub closed the transport mid-frame".into())
+            }
+            Ok(0) => return Some("master hub closed the transport".into()),
+            Ok(count) => count,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Some("master hub reset the transport".into())
+            }
+            Err(e) => return Some(format!("master hub transport error: {e}")),
+        };
+        decoder.feed(&buffer[..count]);
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(object)) => {
+                    if let Err(reason) = inner.handle_frame(object) {
+                        return Some(reason);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Some(format!("master hub protocol error: {e}")),
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@
 //! its payload and must never be dropped here. Bounding happens upstream, per
 //! worker, in the master hub (durable wakes dropped, a stuck worker evicted).
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,10 +99,7 @@ impl DeliveryReceiver {
 
     /// Like `next_batch` for one item, without interrupts (Rust callers and tests).
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
-        match self.deliveries.recv_timeout(timeout) {
-            Ok(delivery) => Some(delivery),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        self.deliveries.recv_timeout(timeout).ok()
     }
 }
 

@@ -76,6 +76,10 @@ pub enum Message {
     },
     /// hub → worker: the hub's PostgreSQL listener health.
     Status { healthy: bool },
+    /// hub → worker, our extension: the hub refuses to LISTEN for `queue`
+    /// (empty name, channel over PostgreSQL's 63-byte limit). pgbus's Ruby
+    /// client logs it as an unknown frame and times out, as it would anyway.
+    Nack { queue: String, reason: String },
     /// Any other "t" (or none): decodes fine; receivers log and ignore it.
     Unknown(Object),
 }
@@ -89,9 +93,23 @@ enum Wire<'a> {
     Ack { q: &'a str },
     Wake { q: &'a str, p: Option<&'a str> },
     Status { healthy: bool },
+    Nack { q: &'a str, reason: &'a str },
 }
 
 impl Message {
+    /// The "t" discriminator ("unknown" for anything else): for logs, never the payload.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Sub(_) => "sub",
+            Self::Unsub(_) => "unsub",
+            Self::Ack(_) => "ack",
+            Self::Wake { .. } => "wake",
+            Self::Status { .. } => "status",
+            Self::Nack { .. } => "nack",
+            Self::Unknown(_) => "unknown",
+        }
+    }
+
     /// The whole frame (header + body) for this message.
     pub fn encode(&self) -> Result<Vec<u8>, ProtocolError> {
         let wire = match self {
@@ -103,6 +121,7 @@ impl Message {
                 p: payload.as_deref(),
             },
             Self::Status { healthy } => Wire::Status { healthy: *healthy },
+            Self::Nack { queue, reason } => Wire::Nack { q: queue, reason },
             Self::Unknown(object) => return encode_object(object),
         };
         frame_with(|body| serde_json::to_writer(body, &wire))
@@ -144,6 +163,18 @@ impl Message {
                     payload,
                 }
             }
+            "nack" => match object.get("reason") {
+                Some(Value::String(reason)) => Self::Nack {
+                    queue: queue()?,
+                    reason: reason.clone(),
+                },
+                _ => {
+                    return Err(ProtocolError::BadField {
+                        kind: "nack".into(),
+                        field: "reason",
+                    })
+                }
+            },
             "status" => match object.get("healthy") {
                 Some(Value::Bool(healthy)) => Self::Status { healthy: *healthy },
                 _ => {

@@ -11,6 +11,8 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<String>(), proptest::option::of(any::<String>()))
             .prop_map(|(queue, payload)| Message::Wake { queue, payload }),
         any::<bool>().prop_map(|healthy| Message::Status { healthy }),
+        (any::<String>(), any::<String>())
+            .prop_map(|(queue, reason)| Message::Nack { queue, reason }),
     ]
 }
 

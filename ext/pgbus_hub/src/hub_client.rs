@@ -1,0 +1,145 @@
+//! `Pgbus::Hub::HubClient`: a worker's connection to the master hub.
+//! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
+
+use crate::errors::{invalid_queue, panicked, unavailable};
+use crate::logs::LogPump;
+use crate::nogvl::nogvl;
+use crate::pump::Pump;
+use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
+use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient};
+use pgbus_hub_core::log::LogSink;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+#[derive(Default)]
+#[magnus::wrap(class = "Pgbus::Hub::HubClient")]
+pub struct RbHubClient {
+    client: Mutex<Option<Arc<HubClient>>>,
+    pump: Mutex<Option<Arc<Pump>>>,
+    logs: Mutex<Option<Arc<LogPump>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn client_error(ruby: &Ruby, error: ClientError) -> Error {
+    match error {
+        ClientError::Unavailable(message) => unavailable(ruby, message),
+        rejected @ ClientError::Rejected { .. } => invalid_queue(ruby, rejected.to_string()),
+    }
+}
+
+impl RbHubClient {
+    fn client(&self) -> Option<Arc<HubClient>> {
+        lock(&self.client).clone()
+    }
+
+    /// Connects (without the GVL: connect(2) to a wedged hub can block).
+    fn native_connect(
+        ruby: &Ruby,
+        rb_self: &Self,
+        socket_path: String,
+        ack_timeout: f64,
+    ) -> Result<(), Error> {
+        if rb_self.client().is_some_and(|c| !c.is_dead()) {
+            return Err(unavailable(ruby, "HubClient#connect called twice"));
+        }
+        let ack_timeout = Duration::try_from_secs_f64(ack_timeout)
+            .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
+        let (log, records) = LogSink::channel();
+        let (deliveries, receiver) = pgbus_hub_core::delivery::channel();
+        let config = ClientConfig {
+            socket_path: socket_path.into(),
+            ack_timeout,
+            log,
+        };
+        let client = nogvl(move || HubClient::connect(config, deliveries), || {})
+            .ok_or_else(|| panicked(ruby, "HubClient#connect"))?
+            .map_err(|e| client_error(ruby, e))?;
+        *lock(&rb_self.client) = Some(Arc::new(client));
+        *lock(&rb_self.pump) = Some(Arc::new(Pump::new(receiver)));
+        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
+        Ok(())
+    }
+
+    /// `:done` once the hub acked (its LISTEN is active); waits without the GVL.
+    fn native_ensure_listening(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+    ) -> Result<Symbol, Error> {
+        let client = rb_self
+            .client()
+            .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
+        nogvl(move || client.ensure_listening(&queue), || {})
+            .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
+            .map_err(|e| client_error(ruby, e))?;
+        Ok(ruby.to_symbol("done"))
+    }
+
+    fn native_remove_listening(&self, queue: String) {
+        if let Some(client) = self.client() {
+            client.remove_listening(&queue);
+        }
+    }
+
+    fn native_hub_healthy(&self) -> bool {
+        self.client().is_some_and(|c| c.hub_healthy())
+    }
+
+    fn native_dead(&self) -> bool {
+        self.client().is_none_or(|c| c.is_dead())
+    }
+
+    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        if let Some(client) = rb_self.client() {
+            nogvl(move || client.stop(), || {}).ok_or_else(|| panicked(ruby, "HubClient#stop"))?;
+        }
+        for pump in lock(&rb_self.pump).iter() {
+            pump.close();
+        }
+        for logs in lock(&rb_self.logs).iter() {
+            logs.close();
+        }
+        Ok(())
+    }
+
+    fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        let pump = lock(&rb_self.pump).clone();
+        pump.map_or(Ok(None), |pump| pump.next_batch(ruby))
+    }
+
+    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        let logs = lock(&rb_self.logs).clone();
+        logs.map_or(Ok(None), |logs| logs.next(ruby))
+    }
+}
+
+pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    let class = hub.define_class("HubClient", ruby.class_object())?;
+    class.define_alloc_func::<RbHubClient>();
+    class.define_private_method("native_connect", method!(RbHubClient::native_connect, 2))?;
+    class.define_private_method(
+        "native_ensure_listening",
+        method!(RbHubClient::native_ensure_listening, 1),
+    )?;
+    class.define_private_method(
+        "native_remove_listening",
+        method!(RbHubClient::native_remove_listening, 1),
+    )?;
+    class.define_method("hub_healthy?", method!(RbHubClient::native_hub_healthy, 0))?;
+    class.define_method("dead?", method!(RbHubClient::native_dead, 0))?;
+    class.define_private_method("native_stop", method!(RbHubClient::native_stop, 0))?;
+    class.define_private_method(
+        "native_next_batch",
+        method!(RbHubClient::native_next_batch, 0),
+    )?;
+    class.define_private_method(
+        "native_next_logs",
+        method!(RbHubClient::native_next_logs, 0),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! `Pgbus::Hub::Listener`: the per-worker LISTEN connection (the fallback when
+//! there is no hub, and the standalone engine). Same engine as the hub's.
+//! lib/pgbus/hub/listener.rb owns the keywords, pump and log threads.
+
+use crate::errors::{hub_error, invalid_queue, panicked};
+use crate::logs::LogPump;
+use crate::nogvl::nogvl;
+use crate::options::listener_config;
+use crate::pump::Pump;
+use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
+use pgbus_hub_core::listener::{ListenError, StandaloneListener};
+use pgbus_hub_core::log::LogSink;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+#[derive(Default)]
+#[magnus::wrap(class = "Pgbus::Hub::Listener")]
+pub struct RbListener {
+    /// RwLock: concurrent ensure_listening calls (one per request thread) share it; stop takes it alone.
+    listener: Mutex<Option<Arc<RwLock<StandaloneListener>>>>,
+    pump: Mutex<Option<Arc<Pump>>>,
+    logs: Mutex<Option<Arc<LogPump>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn read(
+    listener: &RwLock<StandaloneListener>,
+) -> std::sync::RwLockReadGuard<'_, StandaloneListener> {
+    listener
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl RbListener {
+    fn listener(&self) -> Option<Arc<RwLock<StandaloneListener>>> {
+        lock(&self.listener).clone()
+    }
+
+    fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
+        if rb_self.listener().is_some() {
+            return Ok(()); // idempotent, like pgbus's Listener#start
+        }
+        let (log, records) = LogSink::channel();
+        let config = listener_config(ruby, options, log)?;
+        let (deliveries, receiver) = pgbus_hub_core::delivery::channel();
+        let listener = StandaloneListener::start(config, deliveries)
+            .map_err(|e| hub_error(ruby, format!("cannot start the listener thread: {e}")))?;
+        *lock(&rb_self.listener) = Some(Arc::new(RwLock::new(listener)));
+        *lock(&rb_self.pump) = Some(Arc::new(Pump::new(receiver)));
+        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
+        Ok(())
+    }
+
+    /// `:done` once LISTEN ran; nil when it did not within `timeout` seconds
+    /// (pgbus's Listener contract); InvalidQueueError for a name that cannot work.
+    fn native_ensure_listening(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+        timeout: f64,
+    ) -> Result<Option<Symbol>, Error> {
+        let Some(listener) = rb_self.listener() else {
+            return Err(hub_error(ruby, "Listener#ensure_listening before start"));
+        };
+        let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
+        let outcome = nogvl(
+            move || read(&listener).ensure_listening(&queue, timeout),
+            || {},
+        )
+        .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
+        match outcome {
+            Ok(()) => Ok(Some(ruby.to_symbol("done"))),
+            Err(e @ (ListenError::EmptyName | ListenError::NameTooLong { .. })) => {
+                Err(invalid_queue(ruby, e.to_string()))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn native_remove_listening(&self, queue: String) {
+        if let Some(listener) = self.listener() {
+            read(&listener).remove_listening(&queue);
+        }
+    }
+
+    fn native_connected(&self) -> bool {
+        self.listener().is_some_and(|l| read(&l).stats().healthy())
+    }
+
+    fn native_stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
+        let hash = ruby.hash_new();
+        if let Some(listener) = rb_self.listener() {
+            let guard = read(&listener);
+            let stats = guard.stats();
+            hash.aset(ruby.to_symbol("healthy"), stats.healthy())?;
+            hash.aset(ruby.to_symbol("reconnects"), stats.reconnects())?;
+            hash.aset(ruby.to_symbol("notifications"), stats.notifications())?;
+            hash.aset(ruby.to_symbol("channels"), stats.channels())?;
+            hash.aset(ruby.to_symbol("backend_pid"), stats.backend_pid())?;
+            hash.aset(ruby.to_symbol("last_error"), stats.last_error())?;
+        }
+        Ok(hash)
+    }
+
+    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let taken = lock(&rb_self.listener).take();
+        if let Some(listener) = taken {
+            nogvl(
+                move || listener.write().unwrap_or_else(|p| p.into_inner()).stop(),
+                || {},
+            )
+            .ok_or_else(|| panicked(ruby, "Listener#stop"))?;
+        }
+        for pump in lock(&rb_self.pump).iter() {
+            pump.close();
+        }
+        for logs in lock(&rb_self.logs).iter() {
+            logs.close();
+        }
+        Ok(())
+    }
+
+    fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        let pump = lock(&rb_self.pump).clone();
+        pump.map_or(Ok(None), |pump| pump.next_batch(ruby))
+    }
+
+    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        let logs = lock(&rb_self.logs).clone();
+        logs.map_or(Ok(None), |logs| logs.next(ruby))
+    }
+}
+
+pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    let class = hub.define_class("Listener", ruby.class_object())?;
+    class.define_alloc_func::<RbListener>();
+    class.define_private_method("native_start", method!(RbListener::native_start, 1))?;
+    class.define_private_method(
+        "native_ensure_listening",
+        method!(RbListener::native_ensure_listening, 2),
+    )?;
+    class.define_private_method(
+        "native_remove_listening",
+        method!(RbListener::native_remove_listening, 1),
+    )?;
+    class.define_method("connected?", method!(RbListener::native_connected, 0))?;
+    class.define_private_method("native_stats", method!(RbListener::native_stats, 0))?;
+    class.define_private_method("native_stop", method!(RbListener::native_stop, 0))?;
+    class.define_private_method(
+        "native_next_batch",
+        method!(RbListener::native_next_batch, 0),
+    )?;
+    class.define_private_method("native_next_logs", method!(RbListener::native_next_logs, 0))?;
+    Ok(())
+}

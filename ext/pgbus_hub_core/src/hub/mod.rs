@@ -1,0 +1,549 @@
+//! The master hub: ONE PostgreSQL LISTEN connection for a whole host, fanned
+//! out to the workers of a preforking server over a Unix socket.
+//!
+//! Everything runs on one native thread: a current-thread tokio runtime with
+//! the LISTEN engine, the accept loop, the status ticker and two small tasks per
+//! worker. The thread count does not grow with workers.
+//!
+//! - [`registry`]: queue -> workers, refcounted (last ref out UNLISTENs).
+//! - [`worker`]: one connection: bounded outbox + writer, reader + frame handling.
+//! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
+
+mod registry;
+pub mod server;
+mod worker;
+
+use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
+use crate::log::LogSink;
+use crate::process::Owner;
+use crate::protocol::Message;
+use registry::Registry;
+use server::SocketFile;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use worker::{Enqueued, Frame, Worker, WorkerId};
+
+/// pgbus's defaults (MasterHub::DEFAULT_DURABLE_QUEUE_LIMIT / DEFAULT_HARD_QUEUE_LIMIT).
+pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
+pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
+
+/// How long `stop` lets the engine UNLISTEN and close before giving up on it.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Pause after accept(2) fails (EMFILE under an fd flood): retrying at once would spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Log the first dropped durable wake and then every this many.
+const DROP_LOG_EVERY: u64 = 100;
+
+#[derive(Clone)]
+pub struct HubConfig {
+    pub listener: ListenerConfig,
+    pub socket_path: PathBuf,
+    /// Between `status{healthy}` broadcasts (also sent on connect and on every change).
+    pub status_interval: Duration,
+    pub durable_queue_limit: usize,
+    pub hard_queue_limit: usize,
+}
+
+/// A point-in-time copy of the hub's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HubStats {
+    pub workers: usize,
+    pub channels: usize,
+    pub listener_healthy: bool,
+    pub reconnects: u64,
+    pub wakes_received: u64,
+    pub frames_sent: u64,
+    pub dropped_durable_wakes: u64,
+    pub evicted_workers: u64,
+    pub rejected_peers: u64,
+    pub listener_restarts: u64,
+    /// Native threads the hub runs: 1 while running, 0 after stop, whatever the worker count.
+    pub threads: usize,
+    pub last_error: Option<String>,
+    pub uptime: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    wakes_received: AtomicU64,
+    frames_sent: AtomicU64,
+    dropped_durable_wakes: AtomicU64,
+    evicted_workers: AtomicU64,
+    rejected_peers: AtomicU64,
+    listener_restarts: AtomicU64,
+}
+
+struct State {
+    registry: Registry,
+    workers: HashMap<WorkerId, Arc<Worker>>,
+    listener: Option<(ListenerHandle, Arc<ListenerStats>)>,
+    next_worker_id: WorkerId,
+    refused_uids: HashSet<u32>,
+}
+
+/// Shared by every task of one hub.
+pub(crate) struct Core {
+    log: LogSink,
+    durable_queue_limit: usize,
+    hard_queue_limit: usize,
+    counters: Counters,
+    healthy: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Core {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN; `done`
+    /// runs when the engine answers. A NOTIFY between LISTEN and the ack is
+    /// therefore already routed to this worker and queued before its ack.
+    fn subscribe(
+        &self,
+        worker: WorkerId,
+        queue: &str,
+        done: impl FnOnce(Result<(), ListenError>) + Send + 'static,
+    ) {
+        let answer = {
+            let mut state = self.state();
+            state.registry.add(worker, queue);
+            state
+                .listener
+                .as_ref()
+                .map(|(handle, _)| handle.listen(queue))
+        };
+        tokio::spawn(async move {
+            match answer {
+                Some(answer) => done(answer.await.unwrap_or(Err(ListenError::Stopped))),
+                None => done(Err(ListenError::Stopped)),
+            }
+        });
+    }
+
+    /// Acks only a LISTEN that ran. A refused name gets our `nack` extension
+    /// (pgbus's client ignores it and times out, as it would with no answer).
+    fn finish_subscribe(&self, worker: &Worker, queue: &str, outcome: Result<(), ListenError>) {
+        match outcome {
+            Ok(()) => self.send(worker, Message::Ack(queue.to_owned())),
+            Err(ListenError::Stopped) => self.log.warn(format!(
+                "not acking worker {}'s sub for {queue:?}: the listener stopped before LISTEN ran",
+                worker.id
+            )),
+            Err(refused) => {
+                self.log.warn(format!(
+                    "worker {} subscribed to {queue:?}: {refused} — refused",
+                    worker.id
+                ));
+                self.unsubscribe(worker.id, queue);
+                let reason = refused.to_string();
+                self.send(
+                    worker,
+                    Message::Nack {
+                        queue: queue.to_owned(),
+                        reason,
+                    },
+                );
+            }
+        }
+    }
+
+    fn unsubscribe(&self, worker: WorkerId, queue: &str) {
+        let mut state = self.state();
+        if state.registry.remove(worker, queue) {
+            if let Some((handle, _)) = &state.listener {
+                handle.unlisten(queue);
+            }
+        }
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        let mut state = self.state();
+        state.workers.remove(&worker);
+        for queue in state.registry.remove_worker(worker) {
+            if let Some((handle, _)) = &state.listener {
+                handle.unlisten(&queue);
+            }
+        }
+    }
+
+    /// A non-droppable control frame (ack, nack, status) to one worker.
+    fn send(&self, worker: &Worker, message: Message) {
+        match message.encode() {
+            Ok(frame) => self.enqueue(worker, frame.into(), false),
+            Err(e) => self
+                .log
+                .error(format!("cannot encode a {} frame: {e}", message.kind())),
+        }
+    }
+
+    fn enqueue(&self, worker: &Worker, frame: Frame, droppable: bool) {
+        match worker.enqueue(
+            frame,
+            droppable,
+            self.durable_queue_limit,
+            self.hard_queue_limit,
+        ) {
+            Enqueued::Queued | Enqueued::Closed => {}
+            Enqueued::Dropped => {
+                let dropped = self
+                    .counters
+                    .dropped_durable_wakes
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
+                if dropped == 1 || dropped % DROP_LOG_EVERY == 0 {
+                    self.log.warn(format!(
+                        "dropped {dropped} durable wake(s) so far: worker {} has {} queued \
+                         (durable_queue_limit); durable streams catch up on their next read",
+                        worker.id, self.durable_queue_limit
+                    ));
+                }
+            }
+            Enqueued::Evicted => {
+                self.counters
+                    .evicted_workers
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log.warn(format!(
+                    "evicting worker {}: outbound queue exceeded {} frames (worker not draining) — \
+                     it falls back to its own listener",
+                    worker.id, self.hard_queue_limit
+                ));
+            }
+        }
+    }
+
+    /// Fan-out: encode once, share the bytes with every routed worker.
+    fn deliver(&self, queue: String, payload: Option<String>) {
+        self.counters.wakes_received.fetch_add(1, Ordering::Relaxed);
+        let workers: Vec<Arc<Worker>> = {
+            let state = self.state();
+            state
+                .registry
+                .workers_for(&queue)
+                .filter_map(|id| state.workers.get(&id).cloned())
+                .collect()
+        };
+        if workers.is_empty() {
+            return;
+        }
+        let droppable = payload.is_none();
+        let frame: Frame = match (Message::Wake { queue, payload }).encode() {
+            Ok(frame) => frame.into(),
+            Err(e) => return self.log.error(format!("cannot encode a wake frame: {e}")),
+        };
+        for worker in workers {
+            self.enqueue(&worker, frame.clone(), droppable);
+        }
+    }
+
+    fn broadcast_status(&self) {
+        let message = Message::Status {
+            healthy: self.healthy.load(Ordering::Relaxed),
+        };
+        let Ok(frame) = message.encode() else { return };
+        let frame: Frame = frame.into();
+        let workers: Vec<Arc<Worker>> = self.state().workers.values().cloned().collect();
+        for worker in workers {
+            self.enqueue(&worker, frame.clone(), false);
+        }
+    }
+
+    fn on_listener_event(&self, event: Event) {
+        match event {
+            Event::Wake { queue, payload } => self.deliver(queue, payload),
+            Event::Healthy(healthy) => {
+                if self.healthy.swap(healthy, Ordering::Relaxed) != healthy {
+                    self.broadcast_status();
+                }
+            }
+        }
+    }
+}
+
+/// A running hub. Inert in a forked child: `stop`, `is_running` and drop
+/// never touch the parent's thread, sockets or PostgreSQL connection there.
+pub struct MasterHub {
+    owner: Owner,
+    socket_path: PathBuf,
+    started: Instant,
+    core: Arc<Core>,
+    running: Option<Running>,
+}
+
+struct Running {
+    shutdown: watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+    socket: SocketFile,
+}
+
+impl MasterHub {
+    /// Binds the socket (errors are returned with the reason) and starts the hub's thread.
+    pub fn start(config: HubConfig) -> Result<Self, String> {
+        let log = config.listener.log.clone();
+        let socket_path = config.socket_path.clone();
+        let (std_listener, socket) = server::bind(&socket_path)?;
+        let prepared = std_listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("cannot make the socket non-blocking: {e}"))
+            .and_then(|()| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start the hub runtime: {e}"))
+            });
+        let runtime = match prepared {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                socket.unlink_if_ours(&socket_path);
+                return Err(e);
+            }
+        };
+        let core = Arc::new(Core {
+            log: log.clone(),
+            durable_queue_limit: config.durable_queue_limit,
+            hard_queue_limit: config.hard_queue_limit,
+            counters: Counters::default(),
+            healthy: AtomicBool::new(false),
+            state: Mutex::new(State {
+                registry: Registry::default(),
+                workers: HashMap::new(),
+                listener: None,
+                next_worker_id: 1,
+                refused_uids: HashSet::new(),
+            }),
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let thread_core = core.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pgbus-hub".into())
+            .spawn(move || runtime.block_on(run(thread_core, config, std_listener, shutdown_rx)));
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(e) => {
+                socket.unlink_if_ours(&socket_path);
+                return Err(format!("cannot start the hub thread: {e}"));
+            }
+        };
+        log.info(format!("master hub listening at {}", socket_path.display()));
+        Ok(Self {
+            owner: Owner::current(),
+            socket_path,
+            started: Instant::now(),
+            core,
+            running: Some(Running {
+                shutdown,
+                thread,
+                socket,
+            }),
+        })
+    }
+
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// True while the hub's thread runs, in the process that started it.
+    pub fn is_running(&self) -> bool {
+        self.owner.is_current()
+            && self
+                .running
+                .as_ref()
+                .is_some_and(|r| !r.thread.is_finished())
+    }
+
+    pub fn stats(&self) -> HubStats {
+        let state = self.core.state();
+        let listener_stats = state.listener.as_ref().map(|(_, stats)| stats.clone());
+        let counters = &self.core.counters;
+        HubStats {
+            workers: state.workers.len(),
+            channels: state.registry.queue_count(),
+            listener_healthy: self.core.healthy.load(Ordering::Relaxed),
+            reconnects: listener_stats.as_ref().map_or(0, |s| s.reconnects()),
+            wakes_received: counters.wakes_received.load(Ordering::Relaxed),
+            frames_sent: counters.frames_sent.load(Ordering::Relaxed),
+            dropped_durable_wakes: counters.dropped_durable_wakes.load(Ordering::Relaxed),
+            evicted_workers: counters.evicted_workers.load(Ordering::Relaxed),
+            rejected_peers: counters.rejected_peers.load(Ordering::Relaxed),
+            listener_restarts: counters.listener_restarts.load(Ordering::Relaxed),
+            threads: usize::from(self.is_running()),
+            last_error: listener_stats.and_then(|s| s.last_error()),
+            uptime: self.started.elapsed(),
+        }
+    }
+
+    /// Idempotent. Closes every worker, UNLISTENs, closes PostgreSQL, joins the
+    /// thread, unlinks the socket if it is still ours. Blocks (callers release the GVL).
+    pub fn stop(&mut self) {
+        if !self.owner.is_current() {
+            return;
+        }
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        let _ = running.shutdown.send(true);
+        let _ = running.thread.join();
+        running.socket.unlink_if_ours(&self.socket_path);
+        self.core.log.info(format!(
+            "master hub at {} stopped",
+            self.socket_path.display()
+        ));
+    }
+}
+
+impl Drop for MasterHub {
+    fn drop(&mut self) {
+        if self.owner.is_current() {
+            self.stop();
+        } else if let Some(running) = self.running.take() {
+            // A forked child: dropping these would signal (write to) the parent's runtime.
+            std::mem::forget(running);
+        }
+    }
+}
+
+/// The hub thread's whole life: serve until `shutdown`, restarting the
+/// LISTEN engine if it ever ends on its own (pgbus's Ruby hub never does, and
+/// the host goes deaf).
+async fn run(
+    core: Arc<Core>,
+    config: HubConfig,
+    std_listener: std::os::unix::net::UnixListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let unix = match tokio::net::UnixListener::from_std(std_listener) {
+        Ok(unix) => unix,
+        Err(e) => {
+            return core
+                .log
+                .error(format!("master hub cannot serve its socket: {e}"))
+        }
+    };
+    let mut engine = spawn_engine(&core, &config.listener);
+    tokio::spawn(accept_loop(core.clone(), unix, shutdown.clone()));
+    tokio::spawn(status_loop(
+        core.clone(),
+        config.status_interval,
+        shutdown.clone(),
+    ));
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = &mut engine => {
+                core.counters.listener_restarts.fetch_add(1, Ordering::Relaxed);
+                core.log.error("the LISTEN engine ended unexpectedly — restarting it and re-LISTENing every channel");
+                core.on_listener_event(Event::Healthy(false));
+                engine = spawn_engine(&core, &config.listener);
+                let state = core.state();
+                if let Some((handle, _)) = &state.listener {
+                    for queue in state.registry.queues() {
+                        drop(handle.listen(queue));
+                    }
+                }
+            }
+        }
+    }
+    let workers: Vec<Arc<Worker>> = core.state().workers.values().cloned().collect();
+    for worker in workers {
+        worker.close();
+    }
+    let listener = core.state().listener.take();
+    if let Some((handle, _)) = listener {
+        handle.stop();
+    }
+    let _ = tokio::time::timeout(STOP_GRACE, engine).await;
+}
+
+fn spawn_engine(core: &Arc<Core>, config: &ListenerConfig) -> tokio::task::JoinHandle<()> {
+    let events = core.clone();
+    let (handle, stats, join) =
+        listener::spawn(config.clone(), move |event| events.on_listener_event(event));
+    core.state().listener = Some((handle, stats));
+    join
+}
+
+async fn accept_loop(
+    core: Arc<Core>,
+    unix: tokio::net::UnixListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let own_uid = server::own_uid();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => return,
+            accepted = unix.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                core.log
+                    .warn(format!("accept on the hub socket failed: {e} — retrying"));
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let peer_uid = stream.peer_cred().map(|cred| cred.uid());
+        if peer_uid.as_ref().ok() != Some(&own_uid) {
+            refuse_peer(&core, &stream, peer_uid, own_uid);
+            continue;
+        }
+        let worker = {
+            let mut state = core.state();
+            let id = state.next_worker_id;
+            state.next_worker_id += 1;
+            let worker = Worker::spawn(core.clone(), id, stream);
+            state.workers.insert(id, worker.clone());
+            worker
+        };
+        core.send(
+            &worker,
+            Message::Status {
+                healthy: core.healthy.load(Ordering::Relaxed),
+            },
+        );
+    }
+}
+
+/// Counts every refused peer, logs each uid once (a hostile loop must not flood the log).
+fn refuse_peer(
+    core: &Core,
+    stream: &tokio::net::UnixStream,
+    peer_uid: std::io::Result<u32>,
+    own_uid: u32,
+) {
+    core.counters.rejected_peers.fetch_add(1, Ordering::Relaxed);
+    let first_time = match &peer_uid {
+        Ok(uid) => core.state().refused_uids.insert(*uid),
+        Err(_) => true,
+    };
+    if first_time {
+        let who = match peer_uid {
+            Ok(uid) => format!("uid {uid}"),
+            Err(e) => format!("an unidentifiable peer ({e})"),
+        };
+        core.log.warn(format!(
+            "refused a hub connection from {who}: the hub only serves uid {own_uid}"
+        ));
+    }
+    server::sever(std::os::fd::AsRawFd::as_raw_fd(stream));
+}
+
+async fn status_loop(core: Arc<Core>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    // A zero interval would spin; 10 ms is already far below any useful health cadence.
+    let mut ticker = tokio::time::interval(every.max(Duration::from_millis(10)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = ticker.tick() => core.broadcast_status(),
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The routing table: which workers want which queues, refcounted so the
+//! last worker to leave a queue is the one that UNLISTENs it.
+
+use std::collections::{HashMap, HashSet};
+
+pub type WorkerId = u64;
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    queues: HashMap<String, HashSet<WorkerId>>,
+    workers: HashMap<WorkerId, HashSet<String>>,
+}
+
+impl Registry {
+    /// Routes `queue` to `worker` (idempotent: duplicate subs count once).
+    /// True when this is the queue's first worker.
+    pub fn add(&mut self, worker: WorkerId, queue: &str) -> bool {
+        self.workers
+            .entry(worker)
+            .or_default()
+            .insert(queue.to_owned());
+        let routed = self.queues.entry(queue.to_owned()).or_default();
+        routed.insert(worker);
+        routed.len() == 1
+    }
+
+    /// Drops one worker's ref; true when the queue has no worker left (UNLISTEN it).
+    pub fn remove(&mut self, worker: WorkerId, queue: &str) -> bool {
+        if let Some(queues) = self.workers.get_mut(&worker) {
+            queues.remove(queue);
+        }
+        let Some(routed) = self.queues.get_mut(queue) else {
+            return false;
+        };
+        if !routed.remove(&worker) || !routed.is_empty() {
+            return false;
+        }
+        self.queues.remove(queue);
+        true
+    }
+
+    /// Forgets a worker; returns the queues it was the last ref of.
+    pub fn remove_worker(&mut self, worker: WorkerId) -> Vec<String> {
+        let queues = self.workers.remove(&worker).unwrap_or_default();
+        queues
+            .into_iter()
+            .filter(|queue| self.remove(worker, queue))
+            .collect()
+    }
+
+    pub fn workers_for(&self, queue: &str) -> impl Iterator<Item = WorkerId> + '_ {
+        self.queues.get(queue).into_iter().flatten().copied()
+    }
+
+    pub fn queues(&self) -> impl Iterator<Item = &str> {
+        self.queues.keys().map(String::as_str)
+    }
+
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_ref_out_unlistens() {
+        let mut registry = Registry::default();
+        assert!(registry.add(1, "q"));
+        assert!(!registry.add(2, "q"));
+        assert!(!registry.add(2, "q"), "duplicate sub counts once");
+        assert!(!registry.remove(1, "q"));
+        assert!(registry.remove(2, "q"));
+        assert_eq!(registry.queue_count(), 0);
+    }
+
+    #[test]
+    fn removing_a_worker_releases_only_its_last_refs() {
+        let mut registry = Registry::default();
+        registry.add(1, "a");
+        registry.add(1, "b");
+        registry.add(2, "b");
+        let mut released = registry.remove_worker(1);
+        released.sort();
+        assert_eq!(released, vec!["a".to_owned()]);
+        assert_eq!(registry.workers_for("b").collect::<Vec<_>>(), vec![2]);
+        assert!(registry.remove_worker(1).is_empty(), "idempotent");
+    }
+}

@@ -1,0 +1,613 @@
+//! The engine task: owns the connection; one `select!` over notifications,
+//! commands and the health tick.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::{Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
+use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
+
+/// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
+/// well under a millisecond even under load, so 2 s never flaps on a slow
+/// moment, yet a black-holed connection (no RST; TCP keepalives take minutes)
+/// is detected within `health_check` + 2 s.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deadline for a LISTEN/UNLISTEN batch (up to [`LISTEN_BATCH`] statements,
+/// also the re-LISTEN after a reconnect). Generous because a batch can be
+/// large; past it the connection is treated as broken and rebuilt.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `UNLISTEN *` on stop is a courtesy (closing the session unlistens anyway):
+/// never let it hold up shutdown.
+const STOP_UNLISTEN_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Time given to tokio-postgres to send Terminate and close the socket.
+const CLOSE_GRACE: Duration = Duration::from_millis(200);
+
+/// Reconnect backoff: the first retry is immediate (a terminated backend or
+/// a failover usually succeeds at once), then 100 ms doubling to 5 s. 100 ms
+/// keeps a brief blip short; 5 s caps the wakes lost during an outage at a
+/// few seconds while costing a down server at most one attempt per 5 s per
+/// listener (a host's worth of fallback listeners is 10-100 connections).
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Statements per LISTEN batch (one simple query, one round trip).
+const LISTEN_BATCH: usize = 500;
+
+enum Exit {
+    Stop,
+    Lost(String),
+}
+
+enum OpError {
+    Stopped,
+    Timeout,
+    Pg(tokio_postgres::Error),
+}
+
+pub(super) struct Engine<F> {
+    config: ListenerConfig,
+    stats: Arc<ListenerStats>,
+    on_event: F,
+    commands: mpsc::UnboundedReceiver<Command>,
+    stop: watch::Receiver<bool>,
+    /// The listen set: channel -> queue. What is LISTENed, or will be after reconnect.
+    channels: BTreeMap<String, String>,
+    /// Channels LISTENed on the current connection.
+    live: HashSet<String>,
+    /// Listens waiting for a connection, in arrival order.
+    pending: Vec<(String, Reply)>,
+    healthy: bool,
+    ever_connected: bool,
+    backoff_step: u32,
+}
+
+impl<F: FnMut(Event) + Send + 'static> Engine<F> {
+    pub(super) fn new(
+        config: ListenerConfig,
+        stats: Arc<ListenerStats>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        stop: watch::Receiver<bool>,
+        on_event: F,
+    ) -> Self {
+        stats.healthy.store(false, Ordering::Release);
+        stats.backend_pid.store(0, Ordering::Release);
+        stats.channels.store(0, Ordering::Relaxed);
+        Self {
+            config,
+            stats,
+            on_event,
+            commands,
+            stop,
+            channels: BTreeMap::new(),
+            live: HashSet::new(),
+            pending: Vec::new(),
+            healthy: false,
+            ever_connected: false,
+            backoff_step: 0,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        while let Some(mut session) = self.connect_phase().await {
+            match self.serve(&mut session).await {
+                Exit::Stop => {
+                    let unlisten = session.client.batch_execute("UNLISTEN *");
+                    let _ = tokio::time::timeout(STOP_UNLISTEN_TIMEOUT, unlisten).await;
+                    session.close(CLOSE_GRACE).await;
+                    break;
+                }
+                Exit::Lost(reason) => {
+                    self.lost(&reason);
+                    session.close(CLOSE_GRACE).await;
+                }
+            }
+        }
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.set_healthy(false);
+        self.stats.backend_pid.store(0, Ordering::Release);
+        for (_, reply) in self.pending.drain(..) {
+            reply.send(Err(ListenError::Stopped));
+        }
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::Listen { reply, .. } = command {
+                reply.send(Err(ListenError::Stopped));
+            }
+        }
+        self.config.log.debug("pgbus-hub listener stopped");
+    }
+
+    fn lost(&mut self, reason: &str) {
+        self.stats.set_last_error(reason);
+        self.stats.backend_pid.store(0, Ordering::Release);
+        self.live.clear();
+        self.config.log.warn(format!(
+            "pgbus-hub listener lost its PostgreSQL connection ({reason}) — reconnecting"
+        ));
+        self.set_healthy(false);
+    }
+
+    fn set_healthy(&mut self, healthy: bool) {
+        if self.healthy != healthy {
+            self.healthy = healthy;
+            self.stats.healthy.store(healthy, Ordering::Release);
+            (self.on_event)(Event::Healthy(healthy));
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let step = self.backoff_step;
+        self.backoff_step = self.backoff_step.saturating_add(1);
+        if step == 0 {
+            return Duration::ZERO;
+        }
+        let base = BACKOFF_FIRST
+            .saturating_mul(1u32 << (step - 1).min(16))
+            .min(BACKOFF_MAX);
+        // +-20% jitter so a host's listeners do not retry in lockstep.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
+        base.mul_f64(factor)
+    }
+
+    /// Connect (retrying with backoff) while answering commands. None = stop.
+    async fn connect_phase(&mut self) -> Option<Connected> {
+        loop {
+            let delay = self.next_delay();
+            let options = self.config.connection.clone();
+            let attempt = async move {
+                tokio::time::sleep(delay).await;
+                let session = options.connect().await.map_err(|e| (false, e.0))?;
+                match check_primary(&session).await {
+                    Ok(pid) => Ok((session, pid)),
+                    Err(failure) => {
+                        session.close(CLOSE_GRACE).await;
+                        Err(failure)
+                    }
+                }
+            };
+            tokio::pin!(attempt);
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    command = self.commands.recv() => match command {
+                        None | Some(Command::Stop) => return None,
+                        Some(command) => self.handle_down(command),
+                    },
+                    outcome = &mut attempt => break outcome,
+                }
+            };
+            match outcome {
+                Ok((session, pid)) => match self.relisten(&session).await {
+                    Ok(()) => {
+                        self.up(pid);
+                        return Some(session);
+                    }
+                    Err(OpError::Stopped) => {
+                        session.close(CLOSE_GRACE).await;
+                        return None;
+                    }
+                    Err(error) => {
+                        let reason = format!("re-LISTEN failed: {}", op_reason(&error));
+                        self.connect_failed(false, &reason);
+                        session.close(CLOSE_GRACE).await;
+                    }
+                },
+                Err((recovery, reason)) => self.connect_failed(recovery, &reason),
+            }
+        }
+    }
+
+    fn connect_failed(&mut self, recovery: bool, reason: &str) {
+        self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+        self.stats.set_last_error(reason);
+        let message = format!(
+            "pgbus-hub listener: {reason} — retrying (attempt {})",
+            self.backoff_step
+        );
+        if recovery {
+            self.config.log.error(message);
+        } else {
+            self.config.log.warn(message);
+        }
+    }
+
+    fn up(&mut self, pid: u32) {
+        self.stats.backend_pid.store(pid, Ordering::Release);
+        self.live = self.channels.keys().cloned().collect();
+        for (channel, reply) in std::mem::take(&mut self.pending) {
+            if self.live.contains(&channel) {
+                reply.send(Ok(()));
+            } else {
+                // Unreachable: unlisten answers the pending listens it cancels.
+                reply.send(Err(ListenError::Failed {
+                    channel,
+                    reason: "unlistened before LISTEN could run".into(),
+                }));
+            }
+        }
+        if self.ever_connected {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            self.config.log.info(format!(
+                "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed)",
+                self.live.len()
+            ));
+        } else {
+            self.config.log.debug(format!(
+                "pgbus-hub listener connected to {} (backend pid {pid})",
+                self.config.connection
+            ));
+        }
+        self.ever_connected = true;
+        self.backoff_step = 0;
+        self.set_healthy(true);
+    }
+
+    fn handle_down(&mut self, command: Command) {
+        match command {
+            Command::Listen { queue, reply } => {
+                if let Some(channel) = self.admit(&queue, reply) {
+                    self.pending.push(channel);
+                }
+            }
+            Command::Unlisten { queue } => {
+                self.forget(&queue);
+            }
+            Command::Stop => {}
+        }
+    }
+
+    /// Validate a listen and add it to the set. Returns the reply still to be
+    /// answered, or None if it was answered (refused).
+    fn admit(&mut self, queue: &str, reply: Reply) -> Option<(String, Reply)> {
+        match self.config.channel_for(queue) {
+            Ok(channel) => {
+                self.channels.insert(channel.clone(), queue.to_string());
+                self.stats
+                    .channels
+                    .store(self.channels.len(), Ordering::Relaxed);
+                Some((channel, reply))
+            }
+            Err(error) => {
+                self.config.log.warn(format!(
+                    "pgbus-hub listener: not LISTENing on {queue:?}: {error}"
+                ));
+                reply.send(Err(error));
+                None
+            }
+        }
+    }
+
+    /// Drop `queue` from the set; answers its pending listens. Returns the
+    /// channel if it was LISTENed on the live connection.
+    fn forget(&mut self, queue: &str) -> Option<String> {
+        let channel = self.config.channel_for(queue).ok()?;
+        self.channels.remove(&channel)?;
+        self.stats
+            .channels
+            .store(self.channels.len(), Ordering::Relaxed);
+        let (cancelled, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(c, _)| *c == channel);
+        self.pending = kept;
+        for (channel, reply) in cancelled {
+            reply.send(Err(ListenError::Failed {
+                channel,
+                reason: "unlistened before LISTEN could run".into(),
+            }));
+        }
+        self.live.remove(&channel).then_some(channel)
+    }
+
+    async fn relisten(&mut self, session: &Connected) -> Result<(), OpError> {
+        let channels: Vec<String> = self.channels.keys().cloned().collect();
+        for chunk in channels.chunks(LISTEN_BATCH) {
+            let sql = listen_sql("LISTEN", chunk);
+            op(
+                self.stop.clone(),
+                session.client.batch_execute(&sql),
+                OP_TIMEOUT,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn serve(&mut self, session: &mut Connected) -> Exit {
+        let period = self.config.health_check.max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            // Commands first: they come at a bounded rate (workers' subs),
+            // while NOTIFYs can arrive without pause and must not starve acks.
+            // Notifications keep their order among themselves either way.
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => {
+                    let exit = match command {
+                        None | Some(Command::Stop) => Some(Exit::Stop),
+                        Some(Command::Listen { queue, reply }) => {
+                            self.listen_live(session, queue, reply).await
+                        }
+                        Some(Command::Unlisten { queue }) => self.unlisten_live(session, &queue).await,
+                    };
+                    if let Some(exit) = exit {
+                        return exit;
+                    }
+                    tick.reset();
+                }
+                message = session.messages.recv() => match message {
+                    Some(ServerMessage::Notification(notification)) => {
+                        self.notify(notification.channel(), notification.payload());
+                        tick.reset();
+                    }
+                    Some(ServerMessage::Lost(reason)) => return Exit::Lost(reason),
+                    None => return Exit::Lost("the connection driver ended".into()),
+                },
+                _ = tick.tick() => {
+                    match op(self.stop.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
+                        Ok(()) => {}
+                        Err(OpError::Stopped) => return Exit::Stop,
+                        Err(error) => {
+                            return Exit::Lost(format!("health check failed: {}", op_reason(&error)))
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn notify(&mut self, channel: &str, payload: &str) {
+        match self.channels.get(channel) {
+            Some(queue) => {
+                self.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                let payload = (!payload.is_empty()).then(|| payload.to_string());
+                let queue = queue.clone();
+                (self.on_event)(Event::Wake { queue, payload });
+            }
+            None => {
+                self.stats
+                    .ignored_notifications
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// LISTEN this request plus every listen already queued behind it, in one
+    /// round trip. Returns an exit if the connection broke or stop was called.
+    async fn listen_live(
+        &mut self,
+        session: &Connected,
+        queue: String,
+        reply: Reply,
+    ) -> Option<Exit> {
+        let mut batch: Vec<(String, Reply)> = Vec::new();
+        let mut next = Some(Command::Listen { queue, reply });
+        let mut deferred = None;
+        while let Some(command) = next.take() {
+            match command {
+                Command::Listen { queue, reply } => {
+                    if let Some((channel, reply)) = self.admit(&queue, reply) {
+                        if self.live.contains(&channel) {
+                            reply.send(Ok(()));
+                        } else {
+                            batch.push((channel, reply));
+                        }
+                    }
+                    if batch.len() < LISTEN_BATCH {
+                        next = self.commands.try_recv().ok();
+                    }
+                }
+                other => deferred = Some(other),
+            }
+        }
+        let exit = self.run_listens(session, batch).await;
+        if exit.is_some() {
+            if let Some(command) = deferred {
+                // The connection is gone: handle it as while down (a Stop wins).
+                if matches!(command, Command::Stop) {
+                    return Some(Exit::Stop);
+                }
+                self.handle_down(command);
+            }
+            return exit;
+        }
+        match deferred {
+            None => None,
+            Some(Command::Stop) => Some(Exit::Stop),
+            Some(Command::Unlisten { queue }) => self.unlisten_live(session, &queue).await,
+            Some(listen @ Command::Listen { .. }) => {
+                // Unreachable (listens are batched), handled for completeness.
+                self.handle_down(listen);
+                None
+            }
+        }
+    }
+
+    async fn run_listens(
+        &mut self,
+        session: &Connected,
+        mut batch: Vec<(String, Reply)>,
+    ) -> Option<Exit> {
+        if batch.is_empty() {
+            return None;
+        }
+        let mut channels: Vec<String> = batch.iter().map(|(c, _)| c.clone()).collect();
+        channels.dedup();
+        let sql = listen_sql("LISTEN", &channels);
+        match op(
+            self.stop.clone(),
+            session.client.batch_execute(&sql),
+            OP_TIMEOUT,
+        )
+        .await
+        {
+            Ok(()) => {
+                for (channel, reply) in batch {
+                    self.live.insert(channel);
+                    reply.send(Ok(()));
+                }
+                None
+            }
+            Err(OpError::Pg(error)) if refused_by_server(&error, session) => {
+                // A multi-statement query is one implicit transaction: nothing
+                // was LISTENed. Retry one by one to refuse only the bad ones.
+                if batch.len() == 1 {
+                    if let Some((channel, reply)) = batch.pop() {
+                        let reason = describe(&error);
+                        self.config.log.warn(format!(
+                            "pgbus-hub listener: LISTEN {channel:?} refused: {reason}"
+                        ));
+                        if let Some(queue) = self.channels.get(&channel).cloned() {
+                            self.forget(&queue);
+                        }
+                        reply.send(Err(ListenError::Failed { channel, reason }));
+                    }
+                    return None;
+                }
+                for entry in batch {
+                    if let Some(exit) = Box::pin(self.run_listens(session, vec![entry])).await {
+                        return Some(exit);
+                    }
+                }
+                None
+            }
+            Err(OpError::Stopped) => {
+                for (_, reply) in batch {
+                    reply.send(Err(ListenError::Stopped));
+                }
+                Some(Exit::Stop)
+            }
+            Err(error) => {
+                // The connection broke: these wait for reconnect + re-LISTEN.
+                self.pending.extend(batch);
+                Some(Exit::Lost(format!("LISTEN failed: {}", op_reason(&error))))
+            }
+        }
+    }
+
+    async fn unlisten_live(&mut self, session: &Connected, queue: &str) -> Option<Exit> {
+        let channel = self.forget(queue)?;
+        let sql = listen_sql("UNLISTEN", &[channel]);
+        match op(
+            self.stop.clone(),
+            session.client.batch_execute(&sql),
+            OP_TIMEOUT,
+        )
+        .await
+        {
+            Ok(()) => None,
+            Err(OpError::Stopped) => Some(Exit::Stop),
+            // The channel is out of the set either way (a NOTIFY on it is ignored).
+            Err(OpError::Pg(error)) if refused_by_server(&error, session) => {
+                self.config.log.warn(format!(
+                    "pgbus-hub listener: UNLISTEN for {queue:?} refused: {}",
+                    describe(&error)
+                ));
+                None
+            }
+            Err(error) => Some(Exit::Lost(format!(
+                "UNLISTEN failed: {}",
+                op_reason(&error)
+            ))),
+        }
+    }
+}
+
+/// Run a client operation bounded by `timeout`, abandoned at once on stop.
+async fn op<T>(
+    mut stop: watch::Receiver<bool>,
+    operation: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    timeout: Duration,
+) -> Result<T, OpError> {
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|stopping| *stopping) => Err(OpError::Stopped),
+        outcome = tokio::time::timeout(timeout, operation) => match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(OpError::Pg(error)),
+            Err(_) => Err(OpError::Timeout),
+        },
+    }
+}
+
+/// `LISTEN "a";LISTEN "b";...`. Channels were validated (no NUL) on admission.
+fn listen_sql(verb: &str, channels: &[String]) -> String {
+    let mut sql = String::new();
+    for channel in channels {
+        if let Ok(quoted) = quote_ident(channel) {
+            sql.push_str(verb);
+            sql.push(' ');
+            sql.push_str(&quoted);
+            sql.push(';');
+        }
+    }
+    sql
+}
+
+/// A server-side ERROR on a connection that is still usable (as opposed to a
+/// FATAL, an I/O error or a closed connection).
+fn refused_by_server(error: &tokio_postgres::Error, session: &Connected) -> bool {
+    !session.client.is_closed()
+        && error
+            .as_db_error()
+            .is_some_and(|db| db.severity() == "ERROR")
+}
+
+fn op_reason(error: &OpError) -> String {
+    match error {
+        OpError::Stopped => "stopped".into(),
+        OpError::Timeout => "no answer in time".into(),
+        OpError::Pg(error) => describe(error),
+    }
+}
+
+/// Backend pid, and a refusal if the server is a standby (NOTIFY is never
+/// delivered on a hot standby: LISTEN there would wait forever).
+async fn check_primary(session: &Connected) -> Result<u32, (bool, String)> {
+    let query = session
+        .client
+        .simple_query("SELECT pg_backend_pid()::text, pg_is_in_recovery()::text");
+    let messages = match tokio::time::timeout(PROBE_TIMEOUT, query).await {
+        Ok(Ok(messages)) => messages,
+        Ok(Err(error)) => {
+            return Err((false, format!("primary check failed: {}", describe(&error))))
+        }
+        Err(_) => return Err((false, "primary check got no answer in time".into())),
+    };
+    let row = messages.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let Some(row) = row else {
+        return Err((false, "primary check returned no row".into()));
+    };
+    let pid = row
+        .get(0)
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .unwrap_or(0);
+    if row.get(1) == Some("t") {
+        return Err((
+            true,
+            "refusing to LISTEN on a server in recovery (a hot standby never delivers NOTIFY); \
+             point the listener at the primary"
+                .into(),
+        ));
+    }
+    Ok(pid)
+}

@@ -1,0 +1,345 @@
+//! The LISTEN engine: one PostgreSQL connection, the set of LISTENed
+//! channels, the health check, reconnect + re-LISTEN. The master hub runs it
+//! on its tokio runtime ([`spawn`]); a worker without a hub runs it on a
+//! thread of its own ([`StandaloneListener`]).
+//!
+//! One task owns the connection and `select!`s over commands, notifications
+//! and the health tick, so a new `listen` is LISTENed (and acked) at once.
+//! An ack (`Ok(())`) means `LISTEN` completed on the live connection: a
+//! NOTIFY committed after the ack is delivered.
+
+mod engine;
+mod standalone;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::conninfo::ConnectionOptions;
+use crate::log::LogSink;
+
+pub use standalone::StandaloneListener;
+
+/// PostgreSQL's NAMEDATALEN - 1: a longer channel name is silently truncated,
+/// so two long queue names could share a channel. Refused instead.
+pub const MAX_CHANNEL_BYTES: usize = 63;
+
+/// pgbus's default `streams_listen_health_check_ms`.
+pub const DEFAULT_HEALTH_CHECK: Duration = Duration::from_millis(250);
+
+/// pgmq's trigger channel is `pgmq.q_<queue>.INSERT`.
+pub const DEFAULT_CHANNEL_PREFIX: &str = "pgmq.q_";
+pub const DEFAULT_CHANNEL_SUFFIX: &str = ".INSERT";
+
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    pub connection: ConnectionOptions,
+    /// Liveness probe interval when idle (default 250 ms).
+    pub health_check: Duration,
+    /// `"pgmq.q_"` by default; standalone users set both to `""`.
+    pub channel_prefix: String,
+    /// `".INSERT"` by default.
+    pub channel_suffix: String,
+    pub log: LogSink,
+}
+
+impl ListenerConfig {
+    /// pgbus's defaults (pgmq channel names, 250 ms health check).
+    pub fn new(connection: ConnectionOptions, log: LogSink) -> Self {
+        Self {
+            connection,
+            health_check: DEFAULT_HEALTH_CHECK,
+            channel_prefix: DEFAULT_CHANNEL_PREFIX.to_string(),
+            channel_suffix: DEFAULT_CHANNEL_SUFFIX.to_string(),
+            log,
+        }
+    }
+
+    /// The channel for `queue`, or why it cannot be LISTENed.
+    pub fn channel_for(&self, queue: &str) -> Result<String, ListenError> {
+        if queue.is_empty() {
+            return Err(ListenError::EmptyName);
+        }
+        let channel = format!("{}{queue}{}", self.channel_prefix, self.channel_suffix);
+        if channel.len() > MAX_CHANNEL_BYTES {
+            let bytes = channel.len();
+            return Err(ListenError::NameTooLong { channel, bytes });
+        }
+        if channel.contains('\0') {
+            return Err(ListenError::Failed {
+                channel,
+                reason: "the name contains a NUL byte".into(),
+            });
+        }
+        Ok(channel)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A NOTIFY on a LISTENed channel. `payload` None = durable (empty payload), Some = ephemeral.
+    Wake {
+        queue: String,
+        payload: Option<String>,
+    },
+    /// The connection went down (false) or is up with every channel re-LISTENed (true).
+    Healthy(bool),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenError {
+    EmptyName,
+    NameTooLong {
+        channel: String,
+        bytes: usize,
+    },
+    /// The engine stopped (or ended) before the LISTEN ran.
+    Stopped,
+    /// [`StandaloneListener::ensure_listening`] gave up waiting; the request
+    /// stays queued and is LISTENed when the connection allows.
+    Timeout,
+    /// The server refused the LISTEN, the name cannot be sent (NUL byte), or
+    /// the queue was unlistened before its LISTEN could run.
+    Failed {
+        channel: String,
+        reason: String,
+    },
+}
+
+impl fmt::Display for ListenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::EmptyName => f.write_str("empty queue name: nothing to LISTEN on"),
+            Self::NameTooLong { channel, bytes } => write!(
+                f,
+                "channel name {channel:?} is {bytes} bytes; PostgreSQL truncates channel names \
+                 to {MAX_CHANNEL_BYTES} bytes, so distinct queues would collide"
+            ),
+            Self::Stopped => f.write_str("the listener stopped before LISTEN ran"),
+            Self::Timeout => f.write_str("timed out waiting for LISTEN to run"),
+            Self::Failed { channel, reason } => write!(f, "LISTEN {channel:?} failed: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ListenError {}
+
+/// Where a listen answer goes: an async caller's oneshot or a blocking caller's channel.
+pub(crate) enum Reply {
+    Async(oneshot::Sender<Result<(), ListenError>>),
+    Sync(crossbeam_channel::Sender<Result<(), ListenError>>),
+}
+
+impl Reply {
+    pub(crate) fn send(self, outcome: Result<(), ListenError>) {
+        match self {
+            Self::Async(sender) => {
+                let _ = sender.send(outcome);
+            }
+            Self::Sync(sender) => {
+                let _ = sender.try_send(outcome);
+            }
+        }
+    }
+}
+
+pub(crate) enum Command {
+    Listen { queue: String, reply: Reply },
+    Unlisten { queue: String },
+    Stop,
+}
+
+/// Commands to one engine. Cheap to clone; every method returns at once.
+#[derive(Clone)]
+pub struct ListenerHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+impl fmt::Debug for ListenerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerHandle")
+            .field("stopped", &self.is_stopped())
+            .finish()
+    }
+}
+
+impl ListenerHandle {
+    /// Resolves `Ok(())` only once `LISTEN` has run on the live connection (at
+    /// once if the channel is already LISTENed there). While disconnected the
+    /// request waits for reconnect + re-LISTEN. Never `Ok` for a LISTEN that failed.
+    pub fn listen(&self, queue: &str) -> oneshot::Receiver<Result<(), ListenError>> {
+        let (sender, receiver) = oneshot::channel();
+        self.listen_with(queue, Reply::Async(sender));
+        receiver
+    }
+
+    pub(crate) fn listen_with(&self, queue: &str, reply: Reply) {
+        let command = Command::Listen {
+            queue: queue.to_string(),
+            reply,
+        };
+        if let Err(mpsc::error::SendError(Command::Listen { reply, .. })) =
+            self.commands.send(command)
+        {
+            reply.send(Err(ListenError::Stopped));
+        }
+    }
+
+    /// Asynchronous: UNLISTEN if listening; a queued listen for it is answered `Failed`.
+    pub fn unlisten(&self, queue: &str) {
+        let _ = self.commands.send(Command::Unlisten {
+            queue: queue.to_string(),
+        });
+    }
+
+    /// The engine does a best-effort `UNLISTEN *` (short timeout), closes the
+    /// connection and exits; an operation in flight is abandoned at once.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+        let _ = self.commands.send(Command::Stop);
+    }
+
+    /// True once the engine has exited (or `stop` was called).
+    pub fn is_stopped(&self) -> bool {
+        self.commands.is_closed() || *self.stop.borrow()
+    }
+}
+
+/// Counters and state published by the engine (readable from any thread).
+#[derive(Default, Debug)]
+pub struct ListenerStats {
+    healthy: AtomicBool,
+    reconnects: AtomicU64,
+    connect_failures: AtomicU64,
+    notifications: AtomicU64,
+    ignored_notifications: AtomicU64,
+    channels: AtomicUsize,
+    backend_pid: AtomicU32,
+    last_error: Mutex<Option<String>>,
+}
+
+impl ListenerStats {
+    /// Connected, primary, every channel LISTENed.
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+    /// Successful reconnects after a lost connection (the first connect is not one).
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+    /// Connect attempts that failed (including refusals of a server in recovery).
+    pub fn connect_failures(&self) -> u64 {
+        self.connect_failures.load(Ordering::Relaxed)
+    }
+    /// NOTIFYs delivered as [`Event::Wake`].
+    pub fn notifications(&self) -> u64 {
+        self.notifications.load(Ordering::Relaxed)
+    }
+    /// NOTIFYs for channels not in the set (e.g. in flight across an UNLISTEN).
+    pub fn ignored_notifications(&self) -> u64 {
+        self.ignored_notifications.load(Ordering::Relaxed)
+    }
+    /// Channels in the listen set (LISTENed, or to be re-LISTENed on reconnect).
+    pub fn channels(&self) -> usize {
+        self.channels.load(Ordering::Relaxed)
+    }
+    /// The PostgreSQL backend pid of the live connection.
+    pub fn backend_pid(&self) -> Option<u32> {
+        match self.backend_pid.load(Ordering::Acquire) {
+            0 => None,
+            pid => Some(pid),
+        }
+    }
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn set_last_error(&self, error: &str) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
+    }
+}
+
+/// Spawn the engine on the CURRENT tokio runtime. `on_event` is called from
+/// the engine task for each NOTIFY on a LISTENed channel and each health
+/// change. Cheap: call it again to restart an engine that ended.
+pub fn spawn(
+    config: ListenerConfig,
+    on_event: impl FnMut(Event) + Send + 'static,
+) -> (
+    ListenerHandle,
+    Arc<ListenerStats>,
+    tokio::task::JoinHandle<()>,
+) {
+    spawn_with_stats(config, Arc::new(ListenerStats::default()), on_event)
+}
+
+/// [`spawn`] publishing into existing stats (keeps counters across a restart).
+pub fn spawn_with_stats(
+    config: ListenerConfig,
+    stats: Arc<ListenerStats>,
+    on_event: impl FnMut(Event) + Send + 'static,
+) -> (
+    ListenerHandle,
+    Arc<ListenerStats>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (commands, receiver) = mpsc::unbounded_channel();
+    let (stop, stop_receiver) = watch::channel(false);
+    let handle = ListenerHandle {
+        commands,
+        stop: Arc::new(stop),
+    };
+    let engine = engine::Engine::new(config, stats.clone(), receiver, stop_receiver, on_event);
+    let join = tokio::spawn(engine.run());
+    (handle, stats, join)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(prefix: &str, suffix: &str) -> ListenerConfig {
+        let connection = ConnectionOptions::parse("host=/tmp user=u").unwrap();
+        ListenerConfig {
+            channel_prefix: prefix.into(),
+            channel_suffix: suffix.into(),
+            ..ListenerConfig::new(connection, LogSink::silent())
+        }
+    }
+
+    #[test]
+    fn channel_names_are_checked_before_anything_is_sent() {
+        let pgmq = config(DEFAULT_CHANNEL_PREFIX, DEFAULT_CHANNEL_SUFFIX);
+        assert_eq!(
+            pgmq.channel_for("pgbus_chat").unwrap(),
+            "pgmq.q_pgbus_chat.INSERT"
+        );
+        assert_eq!(pgmq.channel_for(""), Err(ListenError::EmptyName));
+        let bare = config("", "");
+        assert!(bare.channel_for(&"x".repeat(63)).is_ok());
+        assert_eq!(
+            bare.channel_for(&"x".repeat(64)),
+            Err(ListenError::NameTooLong {
+                channel: "x".repeat(64),
+                bytes: 64
+            })
+        );
+        // Bytes, not characters: 21 three-byte characters = 63 bytes.
+        assert!(bare.channel_for(&"€".repeat(21)).is_ok());
+        assert!(bare.channel_for(&"€".repeat(22)).is_err());
+        assert!(matches!(
+            bare.channel_for("a\0b"),
+            Err(ListenError::Failed { .. })
+        ));
+    }
+}

@@ -1,0 +1,712 @@
+//! HubClient against a stub hub: real Unix sockets, real threads, a real fork.
+
+mod support_hub;
+
+use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient};
+use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver};
+use pgbus_hub_core::log::{Level, LogSink, Record};
+use pgbus_hub_core::protocol::Message;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+use support_hub::{AckMode, Behaviour, StubHub};
+
+/// The leak and fork tests need the process to themselves (fd and thread
+/// counts; no other thread mid-malloc at fork). They take the write side.
+static SERIAL: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    SERIAL.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    SERIAL.write().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Setup {
+    hub: StubHub,
+    client: Arc<HubClient>,
+    deliveries: DeliveryReceiver,
+    logs: crossbeam_channel::Receiver<Record>,
+}
+
+fn setup_with(behaviour: Behaviour, ack_timeout: Duration) -> Setup {
+    let hub = StubHub::start(behaviour);
+    let (log, logs) = LogSink::channel();
+    let (sender, deliveries) = delivery::channel();
+    let config = ClientConfig {
+        socket_path: hub.path().to_owned(),
+        ack_timeout,
+        log,
+    };
+    let client = HubClient::connect(config, sender).expect("connect");
+    hub.wait_connections(1);
+    Setup {
+        hub,
+        client: Arc::new(client),
+        deliveries,
+        logs,
+    }
+}
+
+fn setup(behaviour: Behaviour) -> Setup {
+    setup_with(behaviour, Duration::from_secs(2))
+}
+
+fn never_ack() -> Behaviour {
+    Behaviour {
+        ack: AckMode::Never,
+        ..Behaviour::default()
+    }
+}
+
+fn wake(queue: &str, payload: Option<&str>) -> Message {
+    Message::Wake {
+        queue: queue.into(),
+        payload: payload.map(str::to_owned),
+    }
+}
+
+fn unavailable_message(result: Result<(), ClientError>) -> String {
+    match result {
+        Err(ClientError::Unavailable(message)) => message,
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Collects exactly one Failed and checks none follows.
+fn expect_one_failure(deliveries: &DeliveryReceiver) -> String {
+    let reason = loop {
+        match deliveries.recv_timeout(Duration::from_secs(5)) {
+            Some(Delivery::Failed { reason }) => break reason,
+            Some(Delivery::Wake { .. }) => continue,
+            None => panic!("no Delivery::Failed within 5 s"),
+        }
+    };
+    assert_eq!(deliveries.recv_timeout(Duration::from_millis(200)), None);
+    reason
+}
+
+fn wait_for(what: &str, test: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !test() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn ensure_listening_blocks_until_the_hub_acks() {
+    let _serial = shared();
+    let delay = Duration::from_millis(300);
+    let s = setup(Behaviour {
+        ack: AckMode::Delay(delay),
+        ..Behaviour::default()
+    });
+    let started = Instant::now();
+    s.client.ensure_listening("pgbus_chat").expect("acked");
+    assert!(started.elapsed() >= delay, "returned before the ack");
+    assert_eq!(s.hub.subs(), vec!["pgbus_chat".to_owned()]);
+    assert!(!s.client.is_dead());
+    assert_eq!(s.client.dead_reason(), None);
+}
+
+#[test]
+fn concurrent_waiters_on_one_queue_are_released_fifo() {
+    let _serial = shared();
+    let s = setup(never_ack());
+    let spawn_waiter = |client: &Arc<HubClient>| {
+        let client = Arc::clone(client);
+        thread::spawn(move || client.ensure_listening("q"))
+    };
+    let first = spawn_waiter(&s.client);
+    s.hub.wait_received(1);
+    let second = spawn_waiter(&s.client);
+    s.hub.wait_received(2);
+
+    s.hub.send(&Message::Ack("q".into()));
+    wait_for("the first waiter", || first.is_finished());
+    first.join().unwrap().expect("first acked");
+    thread::sleep(Duration::from_millis(100));
+    assert!(!second.is_finished(), "one ack released two waiters");
+
+    s.hub.send(&Message::Ack("q".into()));
+    second.join().unwrap().expect("second acked");
+
+    // An ack nobody waits for is ignored (logged at debug), the client lives on.
+    s.hub.send(&Message::Ack("q".into()));
+    let record = s
+        .logs
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a debug record");
+    assert_eq!(record.level, Level::Debug);
+    assert!(record.message.contains("no waiter"), "{record:?}");
+    assert!(!s.client.is_dead());
+}
+
+#[test]
+fn many_threads_many_queues_all_acked() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let client = Arc::clone(&s.client);
+            thread::spawn(move || {
+                for i in 0..50 {
+                    client
+                        .ensure_listening(&format!("q{}", (t * 7 + i) % 5))
+                        .expect("acked");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(s.hub.subs().len(), 16 * 50);
+    assert!(!s.client.is_dead());
+}
+
+#[test]
+fn wakes_arrive_in_order_durable_ephemeral_unicode_and_7999_bytes() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    s.client.ensure_listening("chat").unwrap();
+    let big = "é".repeat(3999) + "x"; // 7999 bytes, NOTIFY's payload ceiling
+    assert_eq!(big.len(), 7999);
+    let mut expected = vec![
+        wake("chat", None),
+        wake("chat", Some("<turbo-stream>héllo ✓ 🚀</turbo-stream>")),
+        wake("chat", Some(&big)),
+        wake("chat", Some("")),
+    ];
+    for i in 0..1000 {
+        let queue = if i % 2 == 0 { "chat" } else { "other" };
+        expected.push(wake(queue, Some(&i.to_string())));
+    }
+    // One write for everything: the reader must split frames itself.
+    let mut bytes = Vec::new();
+    for message in &expected {
+        bytes.extend(message.encode().unwrap());
+    }
+    s.hub.send_raw(&bytes);
+    for message in expected {
+        let Message::Wake { queue, payload } = message else {
+            unreachable!()
+        };
+        assert_eq!(
+            s.deliveries.recv_timeout(Duration::from_secs(5)),
+            Some(Delivery::Wake { queue, payload })
+        );
+    }
+    assert!(!s.client.is_dead());
+}
+
+#[test]
+fn a_frame_split_across_writes_is_reassembled() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let frame = wake("q", Some("split")).encode().unwrap();
+    for byte in &frame {
+        s.hub.send_raw(std::slice::from_ref(byte));
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        s.deliveries.recv_timeout(Duration::from_secs(5)),
+        Some(Delivery::Wake {
+            queue: "q".into(),
+            payload: Some("split".into())
+        })
+    );
+}
+
+#[test]
+fn status_is_tracked_and_optimistic_before_the_first() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    assert!(s.client.hub_healthy(), "optimistic before any status");
+    s.hub.send(&Message::Status { healthy: false });
+    wait_for("unhealthy", || !s.client.hub_healthy());
+    s.hub.send(&Message::Status { healthy: true });
+    wait_for("healthy again", || s.client.hub_healthy());
+    assert!(!s.client.is_dead(), "healthy:false is not death");
+    s.hub.close_all();
+    wait_for("dead", || s.client.is_dead());
+    assert!(!s.client.hub_healthy(), "false once dead");
+}
+
+#[test]
+fn no_ack_times_out_kills_the_client_and_later_calls_fail_fast() {
+    let _serial = shared();
+    let s = setup_with(never_ack(), Duration::from_millis(200));
+    let started = Instant::now();
+    let message = unavailable_message(s.client.ensure_listening("slow"));
+    let waited = started.elapsed();
+    assert_eq!(message, "master hub ack timeout for slow");
+    assert!(message.contains("ack"));
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2));
+    assert!(s.client.is_dead());
+    assert!(!s.client.hub_healthy());
+    let reason = s.client.dead_reason().unwrap();
+    assert_eq!(reason, "sub ack for slow not received within 0.2s");
+    assert_eq!(expect_one_failure(&s.deliveries), reason);
+
+    let started = Instant::now();
+    assert_eq!(
+        unavailable_message(s.client.ensure_listening("next")),
+        "master hub is unavailable: sub ack for slow not received within 0.2s"
+    );
+    assert!(started.elapsed() < Duration::from_millis(50), "not fast");
+    // The warning names the reason and the fallback.
+    let warned = s.logs.try_iter().any(|r| {
+        r.level == Level::Warn
+            && r.message
+                == "[pgbus-hub] HubClient: sub ack for slow not received within 0.2s — falling back to a per-worker listener"
+    });
+    assert!(warned);
+    // The hub sees EOF: the socket was shut down.
+    s.hub.wait_no_connections();
+}
+
+#[test]
+fn hub_closing_mid_wait_releases_waiters_and_fails_once() {
+    let _serial = shared();
+    let s = setup_with(never_ack(), Duration::from_secs(10));
+    let waiters: Vec<_> = ["a", "b", "a"]
+        .into_iter()
+        .map(|q| {
+            let client = Arc::clone(&s.client);
+            thread::spawn(move || (q, client.ensure_listening(q)))
+        })
+        .collect();
+    s.hub.wait_received(3);
+    let started = Instant::now();
+    s.hub.close_all();
+    for waiter in waiters {
+        let (queue, result) = waiter.join().unwrap();
+        assert_eq!(
+            unavailable_message(result),
+            format!("master hub died while awaiting ack for {queue}")
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(s.client.is_dead());
+    assert_eq!(
+        expect_one_failure(&s.deliveries),
+        "master hub closed the transport"
+    );
+    // Stop after death: still no second Failed.
+    s.client.stop();
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+#[test]
+fn oversize_announcement_kills_the_client_once() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    s.client.ensure_listening("q").unwrap();
+    s.hub.send_raw(&[0x7f, 0xff, 0xff, 0xff]);
+    let reason = expect_one_failure(&s.deliveries);
+    assert!(
+        reason.starts_with("master hub protocol error: frame too large"),
+        "{reason}"
+    );
+    assert!(s.client.is_dead());
+    assert_eq!(s.client.dead_reason(), Some(reason));
+}
+
+#[test]
+fn garbage_and_bad_fields_from_the_hub_kill_the_client() {
+    let _serial = shared();
+    for bytes in [
+        b"\x00\x00\x00\x05hello".to_vec(),
+        b"\x00\x00\x00\x02[]".to_vec(),
+        br#"{"t":"wake"}"#.to_vec(),
+    ] {
+        let s = setup(Behaviour::default());
+        let framed = if bytes.starts_with(b"{") {
+            let mut framed = (bytes.len() as u32).to_be_bytes().to_vec();
+            framed.extend(&bytes);
+            framed
+        } else {
+            bytes
+        };
+        s.hub.send_raw(&framed);
+        let reason = expect_one_failure(&s.deliveries);
+        assert!(
+            reason.starts_with("master hub protocol error: malformed frame"),
+            "{reason}"
+        );
+        assert!(s.client.is_dead());
+    }
+}
+
+#[test]
+fn hub_dying_mid_frame_is_a_transport_death() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let frame = wake("q", None).encode().unwrap();
+    s.hub.send_raw(&frame[..frame.len() - 2]);
+    thread::sleep(Duration::from_millis(50));
+    s.hub.close_all();
+    assert_eq!(
+        expect_one_failure(&s.deliveries),
+        "master hub closed the transport mid-frame"
+    );
+}
+
+#[test]
+fn unknown_frames_are_logged_and_ignored() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let mut object = pgbus_hub_core::protocol::Object::new();
+    object.insert("t".into(), "shiny".into());
+    s.hub.send(&Message::Unknown(object));
+    s.hub.send(&wake("q", None));
+    assert_eq!(
+        s.deliveries.recv_timeout(Duration::from_secs(5)),
+        Some(Delivery::Wake {
+            queue: "q".into(),
+            payload: None
+        })
+    );
+    let record = s.logs.try_iter().find(|r| r.level == Level::Warn).unwrap();
+    assert_eq!(
+        record.message,
+        r#"[pgbus-hub] HubClient: hub sent unknown frame "shiny"; ignored"#
+    );
+    assert!(!s.client.is_dead());
+}
+
+#[test]
+fn nack_rejects_that_waiter_only_and_the_client_lives() {
+    let _serial = shared();
+    let s = setup(Behaviour {
+        nack_prefix: Some("bad".into()),
+        ..Behaviour::default()
+    });
+    let error = s.client.ensure_listening("bad_queue").unwrap_err();
+    assert_eq!(
+        error,
+        ClientError::Rejected {
+            queue: "bad_queue".into(),
+            reason: "queue name is not allowed".into()
+        }
+    );
+    assert_eq!(
+        error.to_string(),
+        "master hub refused bad_queue: queue name is not allowed"
+    );
+    assert!(!s.client.is_dead());
+    s.client.ensure_listening("good").expect("still usable");
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+#[test]
+fn remove_listening_writes_exactly_the_unsub_frame() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    s.client.remove_listening("pgbus_chat");
+    s.hub.wait_received(1);
+    let body = br#"{"t":"unsub","q":"pgbus_chat"}"#;
+    let mut expected = (body.len() as u32).to_be_bytes().to_vec();
+    expected.extend_from_slice(body);
+    assert_eq!(s.hub.raw(), expected);
+    assert_eq!(s.hub.received(), vec![Message::Unsub("pgbus_chat".into())]);
+}
+
+#[test]
+fn remove_listening_on_a_dead_or_stopped_client_is_a_no_op() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    s.hub.close_all();
+    wait_for("dead", || s.client.is_dead());
+    let started = Instant::now();
+    s.client.remove_listening("q");
+    assert!(started.elapsed() < Duration::from_millis(50));
+    assert_eq!(
+        expect_one_failure(&s.deliveries),
+        "master hub closed the transport"
+    );
+
+    let s = setup(Behaviour::default());
+    s.client.stop();
+    s.client.remove_listening("q");
+    assert!(s.hub.received().is_empty());
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+fn connect_error(path: &std::path::Path) -> String {
+    let (sender, _receiver) = delivery::channel();
+    match HubClient::connect(ClientConfig::new(path), sender) {
+        Err(ClientError::Unavailable(message)) => message,
+        Err(other) => panic!("unexpected {other:?}"),
+        Ok(_) => panic!("connected to {}", path.display()),
+    }
+}
+
+#[test]
+fn connect_failures_are_unavailable_with_a_clear_reason() {
+    let _serial = shared();
+    let dir = support_hub::temp_dir();
+
+    let missing = dir.join("missing.sock");
+    let message = connect_error(&missing);
+    assert!(
+        message.starts_with(&format!(
+            "cannot reach master hub at {}: ",
+            missing.display()
+        )),
+        "{message}"
+    );
+    assert!(message.contains("No such file or directory"), "{message}");
+
+    let refused = dir.join("refused.sock");
+    drop(std::os::unix::net::UnixListener::bind(&refused).unwrap());
+    assert!(connect_error(&refused).contains("Connection refused"));
+
+    let not_a_socket = dir.join("plain-file");
+    std::fs::write(&not_a_socket, b"x").unwrap();
+    assert!(connect_error(&not_a_socket).starts_with("cannot reach master hub at "));
+
+    let long = dir.join("x".repeat(120));
+    let message = connect_error(&long);
+    assert!(
+        message.contains("must be shorter than 108 bytes"),
+        "{message}"
+    );
+
+    assert!(connect_error(std::path::Path::new("")).contains("empty"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn stop_releases_a_blocked_ensure_listening_without_failure() {
+    let _serial = shared();
+    let s = setup_with(never_ack(), Duration::from_secs(30));
+    let client = Arc::clone(&s.client);
+    let waiter = thread::spawn(move || client.ensure_listening("q"));
+    s.hub.wait_received(1);
+    let started = Instant::now();
+    s.client.stop();
+    assert_eq!(
+        unavailable_message(waiter.join().unwrap()),
+        "master hub client stopped while awaiting ack for q"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(200)), None);
+    assert!(s.client.is_dead());
+    assert_eq!(
+        s.client.dead_reason().as_deref(),
+        Some("master hub client stopped")
+    );
+    assert_eq!(
+        unavailable_message(s.client.ensure_listening("q")),
+        "master hub is unavailable: master hub client stopped"
+    );
+    s.client.stop(); // idempotent
+    s.hub.wait_no_connections();
+}
+
+#[test]
+fn stop_returns_within_2s_when_the_hub_never_reads() {
+    let _serial = shared();
+    let s = setup_with(
+        Behaviour {
+            never_read: true,
+            ..Behaviour::default()
+        },
+        Duration::from_secs(30),
+    );
+    // A 3 MiB unsub overflows the socket buffer: the write blocks.
+    let client = Arc::clone(&s.client);
+    let writer = thread::spawn(move || client.remove_listening(&"q".repeat(3 << 20)));
+    thread::sleep(Duration::from_millis(300));
+    assert!(!writer.is_finished(), "the write did not block");
+    let started = Instant::now();
+    s.client.stop();
+    let took = started.elapsed();
+    println!("stop with a wedged hub took {took:?}");
+    assert!(took < Duration::from_secs(2), "stop took {took:?}");
+    wait_for("the blocked writer", || writer.is_finished());
+    writer.join().unwrap();
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(200)), None);
+}
+
+#[test]
+fn a_write_stalled_past_ack_timeout_kills_the_client() {
+    let _serial = shared();
+    let s = setup_with(
+        Behaviour {
+            never_read: true,
+            ..Behaviour::default()
+        },
+        Duration::from_millis(300),
+    );
+    let started = Instant::now();
+    let message = unavailable_message(s.client.ensure_listening(&"q".repeat(3 << 20)));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        message,
+        "master hub is unavailable: write to master hub stalled for 0.3s"
+    );
+    assert_eq!(
+        expect_one_failure(&s.deliveries),
+        "write to master hub stalled for 0.3s"
+    );
+}
+
+#[test]
+fn an_unencodable_queue_is_rejected_locally() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let error = s.client.ensure_listening(&"q".repeat(5 << 20)).unwrap_err();
+    assert!(matches!(error, ClientError::Rejected { .. }));
+    assert!(!s.client.is_dead());
+    s.client.ensure_listening("q").unwrap();
+}
+
+#[test]
+fn drop_without_stop_closes_the_connection() {
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    let Setup {
+        hub,
+        client,
+        deliveries,
+        ..
+    } = s;
+    drop(Arc::into_inner(client).unwrap());
+    hub.wait_no_connections();
+    assert_eq!(deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+#[test]
+fn a_forked_child_is_inert_and_the_parent_keeps_working() {
+    let _serial = exclusive();
+    let s = setup(Behaviour::default());
+    s.client.ensure_listening("before_fork").unwrap();
+    let client = Arc::into_inner(s.client).unwrap();
+
+    // SAFETY: the child only calls the client (inert paths, no locks) and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let mut code = 0;
+        if !client.is_dead() {
+            code |= 1;
+        }
+        if client.hub_healthy() {
+            code |= 2;
+        }
+        match client.ensure_listening("from_child") {
+            Err(ClientError::Unavailable(m))
+                if m == "master hub client was inherited across fork; connect a new one" => {}
+            _ => code |= 4,
+        }
+        if client.dead_reason().is_none() {
+            code |= 8;
+        }
+        client.remove_listening("from_child");
+        client.stop();
+        drop(client);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child crashed: {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child checks failed");
+
+    assert!(!client.is_dead());
+    client
+        .ensure_listening("after_fork")
+        .expect("parent still works");
+    s.hub.send(&wake("after_fork", None));
+    assert_eq!(
+        s.deliveries.recv_timeout(Duration::from_secs(5)),
+        Some(Delivery::Wake {
+            queue: "after_fork".into(),
+            payload: None
+        })
+    );
+    assert_eq!(
+        s.hub.received(),
+        vec![
+            Message::Sub("before_fork".into()),
+            Message::Sub("after_fork".into())
+        ]
+    );
+    client.stop();
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn thread_count() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn thousand_connect_stop_cycles_leak_no_fds_or_threads() {
+    let _serial = exclusive();
+    let hub = StubHub::start(Behaviour::default());
+    let (sender, receiver) = delivery::channel();
+    // Warm up (lazy statics, the first accept) before taking the baseline.
+    HubClient::connect(ClientConfig::new(hub.path()), sender.clone())
+        .unwrap()
+        .stop();
+    hub.wait_no_connections();
+    let (fds, threads) = (fd_count(), thread_count());
+    for i in 0..1000 {
+        let client = HubClient::connect(ClientConfig::new(hub.path()), sender.clone()).unwrap();
+        if i % 10 == 0 {
+            client.ensure_listening("q").unwrap();
+        }
+        if i % 2 == 0 {
+            client.stop();
+        } // else: Drop stops it
+    }
+    hub.wait_no_connections();
+    wait_for("the hub's threads to exit", || thread_count() <= threads);
+    println!(
+        "leak check: fds {fds} -> {}, threads {threads} -> {}",
+        fd_count(),
+        thread_count()
+    );
+    assert_eq!(fd_count(), fds);
+    assert_eq!(thread_count(), threads);
+    assert_eq!(receiver.recv_timeout(Duration::from_millis(50)), None);
+}
+
+#[test]
+fn measure_ensure_listening_round_trip() {
+    let _serial = exclusive();
+    let s = setup(Behaviour::default());
+    for _ in 0..100 {
+        s.client.ensure_listening("warm").unwrap();
+    }
+    let mut samples: Vec<Duration> = (0..1000)
+        .map(|i| {
+            let queue = format!("q{}", i % 10);
+            let started = Instant::now();
+            s.client.ensure_listening(&queue).unwrap();
+            started.elapsed()
+        })
+        .collect();
+    samples.sort();
+    println!(
+        "ensure_listening round trip over 1000: p50 {:?}, p99 {:?}, max {:?}",
+        samples[499], samples[989], samples[999]
+    );
+}

@@ -1,0 +1,575 @@
+//! The master hub against the real local PostgreSQL and real Unix sockets.
+//!
+//! Tests take one lock so census counts (rows of `pg_stat_activity`) are not
+//! disturbed by another test's hub. Skips (with a message) when no server answers.
+
+use pgbus_hub_core::conninfo::ConnectionOptions;
+use pgbus_hub_core::hub::{HubConfig, MasterHub};
+use pgbus_hub_core::listener::ListenerConfig;
+use pgbus_hub_core::log::LogSink;
+use pgbus_hub_core::protocol::{Decoder, Message};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn database_url() -> Option<String> {
+    let url = std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
+    match postgres::Client::connect(&url, postgres::NoTls) {
+        Ok(_) => Some(url),
+        Err(e) => {
+            eprintln!("skipping: no PostgreSQL at {url} ({e})");
+            None
+        }
+    }
+}
+
+struct Fixture {
+    _serial: MutexGuard<'static, ()>,
+    url: String,
+    dir: PathBuf,
+    sql: postgres::Client,
+}
+
+impl Fixture {
+    fn new() -> Option<Self> {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let url = database_url()?;
+        let dir = std::env::temp_dir().join(format!(
+            "pgbus-hub-test-{}-{:?}",
+            std::process::id(),
+            Instant::now()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        Some(Self {
+            _serial: serial,
+            url,
+            dir,
+            sql,
+        })
+    }
+
+    fn config(&self, name: &str) -> HubConfig {
+        HubConfig {
+            listener: ListenerConfig {
+                connection: ConnectionOptions::parse(&self.url).unwrap(),
+                health_check: Duration::from_millis(100),
+                channel_prefix: "pgmq.q_".into(),
+                channel_suffix: ".INSERT".into(),
+                log: LogSink::silent(),
+            },
+            socket_path: self.dir.join(format!("{name}.sock")),
+            status_interval: Duration::from_millis(200),
+            durable_queue_limit: 256,
+            hard_queue_limit: 1024,
+        }
+    }
+
+    fn notify(&mut self, queue: &str, payload: &str) {
+        self.sql
+            .execute(
+                "select pg_notify($1, $2)",
+                &[&format!("pgmq.q_{queue}.INSERT"), &payload],
+            )
+            .unwrap();
+    }
+
+    fn census(&mut self) -> i64 {
+        self.sql
+            .query_one(
+                "select count(*) from pg_stat_activity where application_name = 'pgbus-listen'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A worker as pgbus's HubClient behaves on the wire.
+struct Peer {
+    stream: UnixStream,
+    decoder: Decoder,
+}
+
+impl Peer {
+    fn connect(hub: &MasterHub) -> Self {
+        let stream = UnixStream::connect(hub.socket_path()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        Self {
+            stream,
+            decoder: Decoder::new(),
+        }
+    }
+
+    fn send(&mut self, message: Message) {
+        self.stream.write_all(&message.encode().unwrap()).unwrap();
+    }
+
+    /// The next frame, or None on EOF/reset/timeout.
+    fn next(&mut self) -> Option<Message> {
+        let mut buffer = [0u8; 65536];
+        loop {
+            if let Some(object) = self.decoder.next_frame().unwrap() {
+                return Some(Message::from_object(object).unwrap());
+            }
+            match self.stream.read(&mut buffer) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.decoder.feed(&buffer[..n]),
+            }
+        }
+    }
+
+    /// Skips status frames; returns the next other frame.
+    fn next_non_status(&mut self) -> Option<Message> {
+        loop {
+            match self.next()? {
+                Message::Status { .. } => continue,
+                other => return Some(other),
+            }
+        }
+    }
+
+    fn subscribe(&mut self, queue: &str) {
+        self.send(Message::Sub(queue.into()));
+        loop {
+            match self.next_non_status() {
+                Some(Message::Ack(q)) if q == queue => return,
+                Some(Message::Wake { .. }) => continue,
+                other => panic!("expected ack for {queue}, got {other:?}"),
+            }
+        }
+    }
+
+    fn expect_wake(&mut self, queue: &str, payload: Option<&str>) {
+        match self.next_non_status() {
+            Some(Message::Wake {
+                queue: q,
+                payload: p,
+            }) => {
+                assert_eq!((q.as_str(), p.as_deref()), (queue, payload));
+            }
+            other => panic!("expected a wake for {queue}, got {other:?}"),
+        }
+    }
+}
+
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sub_ack_then_durable_and_ephemeral_wakes() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("wakes")).unwrap();
+    let mut peer = Peer::connect(&hub);
+    assert!(
+        matches!(peer.next(), Some(Message::Status { .. })),
+        "status on connect"
+    );
+    peer.subscribe("chat");
+    fx.notify("chat", "");
+    peer.expect_wake("chat", None);
+    fx.notify("chat", "<p>héllo</p>");
+    peer.expect_wake("chat", Some("<p>héllo</p>"));
+    let big = "x".repeat(7999);
+    fx.notify("chat", &big);
+    peer.expect_wake("chat", Some(&big));
+    fx.notify("other", "not subscribed");
+    fx.notify("chat", "after");
+    peer.expect_wake("chat", Some("after"));
+    let stats = hub.stats();
+    assert_eq!((stats.workers, stats.channels, stats.threads), (1, 1, 1));
+    assert!(stats.listener_healthy);
+}
+
+#[test]
+fn no_wake_lost_after_ack_under_a_notify_storm() {
+    let Some(fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("storm")).unwrap();
+    let url = fx.url.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storm_stop = stop.clone();
+    let storm = std::thread::spawn(move || {
+        let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut sent = 0u64;
+        while !storm_stop.load(std::sync::atomic::Ordering::Relaxed) && sent < 200_000 {
+            sql.execute("select pg_notify('pgmq.q_storm.INSERT', 'noise')", &[])
+                .unwrap();
+            sent += 1;
+        }
+    });
+    let mut sql = postgres::Client::connect(&fx.url, postgres::NoTls).unwrap();
+    for i in 0..50 {
+        let mut peer = Peer::connect(&hub);
+        let queue = format!("fresh_{i}");
+        peer.subscribe(&queue);
+        sql.execute(
+            "select pg_notify($1, 'marker')",
+            &[&format!("pgmq.q_{queue}.INSERT")],
+        )
+        .unwrap();
+        peer.expect_wake(&queue, Some("marker"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    storm.join().unwrap();
+}
+
+#[test]
+fn refcounts_unlisten_only_after_the_last_worker_leaves() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("refs")).unwrap();
+    let mut a = Peer::connect(&hub);
+    let mut b = Peer::connect(&hub);
+    a.subscribe("shared");
+    b.subscribe("shared");
+    a.send(Message::Unsub("shared".into()));
+    wait_until("a's unsub", || hub.stats().channels == 1);
+    fx.notify("shared", "still");
+    b.expect_wake("shared", Some("still"));
+    drop(b); // a disconnect releases refs like an unsub
+    wait_until("last ref released", || {
+        hub.stats().channels == 0 && hub.stats().workers == 1
+    });
+    fx.notify("shared", "nobody");
+    a.subscribe("probe");
+    fx.notify("probe", "p");
+    a.expect_wake("probe", Some("p")); // "nobody" never reached a: it unsubscribed
+}
+
+#[test]
+fn sixteen_workers_share_one_listen_connection() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let before = fx.census();
+    let hub = MasterHub::start(fx.config("census")).unwrap();
+    let mut peers: Vec<Peer> = (0..16).map(|_| Peer::connect(&hub)).collect();
+    for (i, peer) in peers.iter_mut().enumerate() {
+        peer.subscribe("fanout");
+        peer.subscribe(&format!("own_{i}"));
+    }
+    assert_eq!(
+        fx.census() - before,
+        1,
+        "one pgbus-listen backend for 16 workers"
+    );
+    let started = Instant::now();
+    fx.notify("fanout", "all");
+    for peer in &mut peers {
+        peer.expect_wake("fanout", Some("all"));
+    }
+    eprintln!(
+        "1 NOTIFY -> 16 workers: all delivered in {:?}",
+        started.elapsed()
+    );
+    let stats = hub.stats();
+    assert_eq!((stats.workers, stats.threads), (16, 1));
+    drop(hub);
+    wait_until("census back", || fx.census() == before);
+}
+
+#[test]
+fn a_worker_that_never_reads_is_evicted_even_if_a_forked_child_holds_its_socket() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut config = fx.config("evict");
+    config.durable_queue_limit = 3;
+    config.hard_queue_limit = 8;
+    let hub = MasterHub::start(config).unwrap();
+    let mut stuck = Peer::connect(&hub);
+    stuck.subscribe("flood");
+    let mut healthy = Peer::connect(&hub);
+    healthy.subscribe("flood");
+    // A child forked from the hub's process now holds copies of every hub-side fd
+    // (as a Puma worker forked from the master does). Only shutdown(2) reaches it.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    let payload = "y".repeat(7000);
+    let mut sent = 0;
+    while hub.stats().evicted_workers == 0 && sent < 5000 {
+        fx.notify("flood", &payload);
+        sent += 1;
+        healthy.expect_wake("flood", Some(&payload)); // the healthy worker keeps draining
+    }
+    assert_eq!(
+        hub.stats().evicted_workers,
+        1,
+        "evicted after {sent} notifies"
+    );
+    // The stuck worker now reads: queued frames, then EOF (not a hang), despite the child's copy.
+    stuck
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut eof = false;
+    for _ in 0..10_000 {
+        if stuck.next().is_none() {
+            eof = true;
+            break;
+        }
+    }
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(eof, "the evicted worker sees EOF");
+    wait_until("evicted worker removed", || hub.stats().workers == 1);
+    fx.notify("flood", "after");
+    loop {
+        match healthy.next_non_status() {
+            Some(Message::Wake {
+                payload: Some(p), ..
+            }) if p == "after" => break,
+            Some(Message::Wake { .. }) => continue,
+            other => panic!("healthy worker: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn durable_wakes_are_dropped_past_the_limit_ephemeral_never() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut config = fx.config("drops");
+    config.durable_queue_limit = 3;
+    config.hard_queue_limit = 100_000;
+    let hub = MasterHub::start(config).unwrap();
+    let mut slow = Peer::connect(&hub);
+    slow.subscribe("d");
+    // Fill the socket buffer with big ephemeral frames so the outbox backs up.
+    let big = "z".repeat(7900);
+    for _ in 0..200 {
+        fx.notify("d", &big);
+    }
+    for _ in 0..20 {
+        fx.notify("d", "");
+    }
+    wait_until("durable drops", || hub.stats().dropped_durable_wakes > 0);
+    let mut ephemeral = 0;
+    let mut durable = 0;
+    while ephemeral + durable < 220 {
+        match slow.next_non_status() {
+            Some(Message::Wake {
+                payload: Some(_), ..
+            }) => ephemeral += 1,
+            Some(Message::Wake { payload: None, .. }) => durable += 1,
+            _ => break,
+        }
+        if ephemeral == 200 && durable + hub.stats().dropped_durable_wakes as usize == 20 {
+            break;
+        }
+    }
+    assert_eq!(ephemeral, 200, "no ephemeral wake dropped");
+    assert_eq!(hub.stats().evicted_workers, 0);
+}
+
+#[test]
+fn terminated_backend_reconnects_and_reports_health() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("terminate")).unwrap();
+    let mut peer = Peer::connect(&hub);
+    peer.subscribe("survive");
+    let killed: i64 = fx
+        .sql
+        .query_one(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = 'pgbus-listen'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1);
+    let mut saw_unhealthy = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no recovery");
+        match peer.next() {
+            Some(Message::Status { healthy: false }) => saw_unhealthy = true,
+            Some(Message::Status { healthy: true }) if saw_unhealthy => break,
+            Some(_) => {}
+            None => panic!("hub closed the worker"),
+        }
+    }
+    fx.notify("survive", "again");
+    peer.expect_wake("survive", Some("again"));
+    assert!(hub.stats().reconnects >= 1);
+}
+
+#[test]
+fn bad_input_closes_only_that_connection() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("bad")).unwrap();
+    let mut good = Peer::connect(&hub);
+    good.subscribe("ok");
+    let inputs: Vec<Vec<u8>> = vec![
+        vec![0x00, 0x40, 0x00, 0x01],                // oversize announcement
+        b"\x00\x00\x00\x05[1,2]".to_vec(),           // not an object
+        b"\x00\x00\x00\x03{\"t".to_vec(),            // malformed JSON
+        b"\x00\x00\x00\x0b{\"t\":\"sub\"}".to_vec(), // sub without q
+        b"\x00\x00\x00\x00".to_vec(),                // zero length
+    ];
+    for bytes in inputs {
+        let mut bad = Peer::connect(&hub);
+        bad.stream.write_all(&bytes).unwrap();
+        loop {
+            match bad.next() {
+                Some(Message::Status { .. }) => continue,
+                None => break,
+                other => panic!("bad peer got {other:?}"),
+            }
+        }
+    }
+    // An unknown t is ignored, the connection kept.
+    let mut odd = Peer::connect(&hub);
+    odd.stream
+        .write_all(&{
+            let mut object = serde_json::Map::new();
+            object.insert("t".into(), "bogus".into());
+            pgbus_hub_core::protocol::encode_object(&object).unwrap()
+        })
+        .unwrap();
+    odd.subscribe("odd");
+    fx.notify("ok", "fine");
+    good.expect_wake("ok", Some("fine"));
+}
+
+#[test]
+fn refused_queue_names_get_a_nack_not_an_ack() {
+    let Some(fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("names")).unwrap();
+    let mut peer = Peer::connect(&hub);
+    peer.send(Message::Sub("".into()));
+    assert!(matches!(peer.next_non_status(), Some(Message::Nack { .. })));
+    let long = "n".repeat(64);
+    peer.send(Message::Sub(long));
+    assert!(matches!(peer.next_non_status(), Some(Message::Nack { .. })));
+    assert_eq!(hub.stats().channels, 0);
+    peer.subscribe("fine");
+}
+
+#[test]
+fn socket_rules_private_mode_stale_replacement_and_refusals() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(fx) = Fixture::new() else { return };
+    let config = fx.config("rules");
+    let path = config.socket_path.clone();
+    std::fs::write(&path, "not a socket").unwrap();
+    let refused = MasterHub::start(config.clone())
+        .err()
+        .expect("refuses a regular file");
+    assert!(refused.contains("not a socket"), "{refused}");
+    std::fs::remove_file(&path).unwrap();
+
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // a stale socket
+    let mut hub = MasterHub::start(config.clone()).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let busy = MasterHub::start(config.clone())
+        .err()
+        .expect("refuses a live socket");
+    assert!(busy.contains("already serving"), "{busy}");
+    hub.stop();
+    hub.stop();
+    assert!(!path.exists(), "stop unlinks its socket");
+
+    let mut long = config;
+    long.socket_path = fx.dir.join("x".repeat(120));
+    let too_long = MasterHub::start(long).err().expect("path too long");
+    assert!(too_long.contains("bytes"), "{too_long}");
+}
+
+#[test]
+fn a_peer_of_another_uid_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(fx) = Fixture::new() else { return };
+    let ruby = std::path::Path::new("/usr/bin/ruby");
+    if unsafe { libc::geteuid() } != 0
+        || !ruby.exists()
+        || std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipping: needs root, setpriv and /usr/bin/ruby to run a peer as another uid");
+        return;
+    }
+    let hub = MasterHub::start(fx.config("uid")).unwrap();
+    // Loosen the mode only so the other uid can reach the peer check at all.
+    std::fs::set_permissions(&fx.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(hub.socket_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "require 'socket'; s = UNIXSocket.new({:?}); puts((s.read(100) || '').bytesize)",
+        hub.socket_path().display().to_string()
+    );
+    let output = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/ruby",
+            "-e",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "0",
+        "refused peer reads EOF, no status"
+    );
+    assert_eq!(hub.stats().rejected_peers, 1);
+    let mut own = Peer::connect(&hub);
+    own.subscribe("still-served");
+}
+
+#[test]
+fn a_forked_child_leaves_the_hub_alone() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = MasterHub::start(fx.config("fork")).unwrap();
+    let mut peer = Peer::connect(&hub);
+    peer.subscribe("forked");
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        // The child: every entry point must be inert, and drop must not stop the parent's hub.
+        let ok = !hub.is_running() && {
+            hub.stop();
+            true
+        };
+        drop(hub);
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert!(hub.is_running());
+    assert!(hub.socket_path().exists());
+    fx.notify("forked", "parent still serves");
+    peer.expect_wake("forked", Some("parent still serves"));
+    hub.stop();
+    assert!(!hub.is_running());
+}

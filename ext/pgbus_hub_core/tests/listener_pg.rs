@@ -1,0 +1,767 @@
+//! The LISTEN engine against a real PostgreSQL (no mocks).
+//!
+//! Database: `PGBUS_HUB_TEST_DATABASE_URL`, else `DATABASE_URL`, else
+//! `host=/var/run/postgresql dbname=pgbus_hub_test`. If none answers, each
+//! test prints "skipping: no PostgreSQL" and passes.
+//!
+//! Tests run in parallel (and alongside other suites on the same server), so
+//! every test uses its own channel names (a per-test tag) and identifies the
+//! engine's session by its backend pid or a unique application_name.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgbus_hub_core::conninfo::{Connected, ConnectionOptions};
+use pgbus_hub_core::delivery::{self, Delivery};
+use pgbus_hub_core::listener::{
+    self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats, StandaloneListener,
+};
+use pgbus_hub_core::log::{Level, LogSink, Record};
+use tokio::sync::mpsc;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn database_url() -> String {
+    std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".to_string())
+}
+
+fn tag() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "t{}_{:x}_{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The options, or None (after printing why) when no PostgreSQL answers.
+async fn options() -> Option<ConnectionOptions> {
+    let url = database_url();
+    let options = match ConnectionOptions::parse(&url) {
+        Ok(options) => options,
+        Err(error) => {
+            println!("skipping: no PostgreSQL ({error})");
+            return None;
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
+        Ok(Ok(session)) => {
+            session.close(Duration::from_millis(100)).await;
+            Some(options)
+        }
+        Ok(Err(error)) => {
+            println!("skipping: no PostgreSQL ({error})");
+            None
+        }
+        Err(_) => {
+            println!("skipping: no PostgreSQL (connect timed out)");
+            None
+        }
+    }
+}
+
+/// A second session for NOTIFY and inspection.
+async fn admin(options: &ConnectionOptions) -> Connected {
+    options
+        .clone()
+        .with_application_name("pgbus-listener-test-admin")
+        .connect()
+        .await
+        .expect("admin connection")
+}
+
+async fn notify(admin: &Connected, channel: &str, payload: &str) {
+    admin
+        .client
+        .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+        .await
+        .expect("pg_notify");
+}
+
+struct Engine {
+    handle: ListenerHandle,
+    stats: Arc<ListenerStats>,
+    join: tokio::task::JoinHandle<()>,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+/// An engine with bare channel names (prefix and suffix ""), unless `pgmq`.
+fn engine_with(options: ConnectionOptions, pgmq: bool, log: LogSink) -> Engine {
+    let mut config = ListenerConfig::new(options, log);
+    if !pgmq {
+        config.channel_prefix = String::new();
+        config.channel_suffix = String::new();
+    }
+    let (sender, events) = mpsc::unbounded_channel();
+    let (handle, stats, join) = listener::spawn(config, move |event| {
+        let _ = sender.send(event);
+    });
+    Engine {
+        handle,
+        stats,
+        join,
+        events,
+    }
+}
+
+fn engine(options: ConnectionOptions) -> Engine {
+    engine_with(options, false, LogSink::silent())
+}
+
+impl Engine {
+    async fn listen(&self, queue: &str) -> Result<(), ListenError> {
+        tokio::time::timeout(WAIT, self.handle.listen(queue))
+            .await
+            .expect("listen answered in time")
+            .unwrap_or(Err(ListenError::Stopped))
+    }
+
+    async fn next_event(&mut self) -> Event {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("an event in time")
+            .expect("engine alive")
+    }
+
+    /// The next wake, skipping health events.
+    async fn next_wake(&mut self) -> (String, Option<String>) {
+        loop {
+            if let Event::Wake { queue, payload } = self.next_event().await {
+                return (queue, payload);
+            }
+        }
+    }
+
+    async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while !self.stats.healthy() {
+            assert!(Instant::now() < deadline, "engine never became healthy");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.handle.stop();
+        tokio::time::timeout(Duration::from_secs(2), self.join)
+            .await
+            .expect("engine exits within 2 s after stop")
+            .expect("engine did not panic");
+    }
+}
+
+#[tokio::test]
+async fn ack_means_listening_200_fresh_channels_none_lost() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options);
+    let tag = tag();
+    for i in 0..200 {
+        let queue = format!("{tag}_{i}");
+        engine.listen(&queue).await.expect("ack");
+        // No wait between ack and NOTIFY: the ack itself is the guarantee.
+        notify(&admin, &queue, "").await;
+        assert_eq!(engine.next_wake().await, (queue, None), "iteration {i}");
+    }
+    assert_eq!(engine.stats.notifications(), 200);
+    assert_eq!(engine.stats.channels(), 200);
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn one_connection_tagged_pgbus_listen_by_default() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options.clone());
+    let tag = tag();
+    for i in 0..20 {
+        engine.listen(&format!("{tag}_{i}")).await.unwrap();
+    }
+    engine.wait_healthy().await;
+    let pid = engine.stats.backend_pid().expect("backend pid") as i32;
+    let row = admin
+        .client
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "pgbus-listen");
+    engine.stop().await;
+
+    // Census by a unique name: exactly one session for an engine, whatever it listens to.
+    let name = format!("pgbus-census-{}", tag);
+    let engine = engine_with(
+        options.with_application_name(&name),
+        false,
+        LogSink::silent(),
+    );
+    for i in 0..20 {
+        engine.listen(&format!("{tag}_c{i}")).await.unwrap();
+    }
+    let count: i64 = admin
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 1);
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn durable_and_ephemeral_payloads_in_order() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options);
+    let queue = tag();
+    engine.listen(&queue).await.unwrap();
+    let big = "x".repeat(7999);
+    let unicode = "héllo ✓ 😀 \"quoted\" 'single' \\ back";
+    let payloads = ["", "hello", big.as_str(), unicode, "", "{\"json\":1}"];
+    for payload in payloads {
+        notify(&admin, &queue, payload).await;
+    }
+    for payload in payloads {
+        let expected = (!payload.is_empty()).then(|| payload.to_string());
+        assert_eq!(engine.next_wake().await, (queue.clone(), expected));
+    }
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn pgmq_prefix_and_suffix_map_back_to_the_queue() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine_with(options, true, LogSink::silent());
+    let queue = tag();
+    engine.listen(&queue).await.unwrap();
+    // Same stem without the suffix: not ours, ignored.
+    notify(&admin, &format!("pgmq.q_{queue}"), "nope").await;
+    notify(&admin, &format!("pgmq.q_{queue}.INSERT"), "").await;
+    assert_eq!(engine.next_wake().await, (queue.clone(), None));
+    // 7 + 49 + 7 = 63 bytes ok, 64 refused.
+    let ok = "q".repeat(49);
+    engine.listen(&ok).await.unwrap();
+    let long = "q".repeat(50);
+    assert_eq!(
+        engine.listen(&long).await,
+        Err(ListenError::NameTooLong {
+            channel: format!("pgmq.q_{long}.INSERT"),
+            bytes: 64
+        })
+    );
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn unlisten_stops_delivery() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options);
+    let tag = tag();
+    let (a, b, c) = (format!("{tag}_a"), format!("{tag}_b"), format!("{tag}_c"));
+    engine.listen(&a).await.unwrap();
+    engine.listen(&b).await.unwrap();
+    engine.handle.unlisten(&a);
+    // Commands run in order: once c is acked, the UNLISTEN of a has run.
+    engine.listen(&c).await.unwrap();
+    notify(&admin, &a, "lost").await;
+    notify(&admin, &b, "kept").await;
+    // Had a's NOTIFY been delivered it would come first (order is preserved).
+    assert_eq!(engine.next_wake().await, (b.clone(), Some("kept".into())));
+    assert_eq!(engine.stats.channels(), 2);
+    // Listening again works.
+    engine.listen(&a).await.unwrap();
+    notify(&admin, &a, "again").await;
+    assert_eq!(engine.next_wake().await, (a, Some("again".into())));
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_names_are_quoted_not_injected() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options);
+    let tag = tag();
+    let names = [
+        format!("{tag}\"q"),
+        format!("{tag}'q"),
+        format!("{tag};q"),
+        format!("{tag} with spaces"),
+        format!("{tag}\"; SELECT pg_sleep(10); --"),
+        format!("{tag}ünï✓"),
+        format!("{tag}\\x"),
+    ];
+    for name in &names {
+        engine.listen(name).await.expect(name);
+    }
+    for name in &names {
+        notify(&admin, name, name).await;
+    }
+    for name in &names {
+        assert_eq!(engine.next_wake().await, (name.clone(), Some(name.clone())));
+    }
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn empty_and_over_long_names_are_refused_63_bytes_works() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let (log, records) = LogSink::channel();
+    let mut engine = engine_with(options, false, log);
+    assert_eq!(engine.listen("").await, Err(ListenError::EmptyName));
+    let stem = tag();
+    let long = format!("{stem}{}", "z".repeat(64 - stem.len()));
+    assert_eq!(
+        engine.listen(&long).await,
+        Err(ListenError::NameTooLong {
+            channel: long.clone(),
+            bytes: 64
+        })
+    );
+    let fits = &long[..63];
+    engine.listen(fits).await.unwrap();
+    notify(&admin, fits, "").await;
+    assert_eq!(engine.next_wake().await, (fits.to_string(), None));
+    assert_eq!(engine.stats.channels(), 1);
+    let warnings: Vec<Record> = records
+        .try_iter()
+        .filter(|r| r.level == Level::Warn)
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn terminated_backend_reconnects_and_relistens() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let mut engine = engine(options);
+    let tag = tag();
+    let queues: Vec<String> = (0..3).map(|i| format!("{tag}_{i}")).collect();
+    for queue in &queues {
+        engine.listen(queue).await.unwrap();
+    }
+    assert_eq!(engine.next_event().await, Event::Healthy(true));
+    let old_pid = engine.stats.backend_pid().unwrap() as i32;
+    let killed: bool = admin
+        .client
+        .query_one("SELECT pg_terminate_backend($1)", &[&old_pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    assert_eq!(engine.next_event().await, Event::Healthy(false));
+    assert_eq!(engine.next_event().await, Event::Healthy(true));
+    let new_pid = engine.stats.backend_pid().unwrap() as i32;
+    assert_ne!(new_pid, old_pid);
+    assert_eq!(engine.stats.reconnects(), 1);
+    assert!(engine.stats.last_error().is_some());
+    for queue in &queues {
+        notify(&admin, queue, "after").await;
+    }
+    for queue in &queues {
+        assert_eq!(
+            engine.next_wake().await,
+            (queue.clone(), Some("after".into()))
+        );
+    }
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn listen_while_down_is_acked_only_after_reconnect() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let db = format!("pgbus_listener_{}", tag());
+    admin
+        .client
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .expect("create a scratch database (needs CREATEDB)");
+    let db_admin = admin_for(&options, &db).await;
+    let mut engine = engine(options.clone().with_dbname(&db));
+    engine.listen("before").await.unwrap();
+    assert_eq!(engine.next_event().await, Event::Healthy(true));
+    let pid = engine.stats.backend_pid().unwrap() as i32;
+
+    // Keep it down: no new connections to the database, then kill the session.
+    admin
+        .client
+        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"))
+        .await
+        .unwrap();
+    admin
+        .client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    assert_eq!(engine.next_event().await, Event::Healthy(false));
+    let mut answer = engine.handle.listen("during");
+    // Several reconnect attempts fail meanwhile; the request must stay unanswered.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(answer.try_recv().is_err(), "acked while down");
+    assert!(!engine.stats.healthy());
+    assert!(engine.stats.connect_failures() >= 1);
+
+    admin
+        .client
+        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    let acked = tokio::time::timeout(WAIT, answer)
+        .await
+        .expect("acked after reconnect");
+    assert_eq!(acked, Ok(Ok(())));
+    assert!(engine.stats.healthy());
+    assert_eq!(engine.stats.reconnects(), 1);
+    notify(&db_admin, "during", "").await;
+    notify(&db_admin, "before", "").await;
+    assert_eq!(engine.next_wake().await, ("during".into(), None));
+    assert_eq!(engine.next_wake().await, ("before".into(), None));
+    engine.stop().await;
+    db_admin.close(Duration::from_millis(200)).await;
+    admin
+        .client
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+async fn admin_for(options: &ConnectionOptions, db: &str) -> Connected {
+    options
+        .clone()
+        .with_dbname(db)
+        .with_application_name("pgbus-listener-test-admin")
+        .connect()
+        .await
+        .expect("admin connection to the scratch database")
+}
+
+#[tokio::test]
+async fn stop_answers_pending_listens_and_exits_while_unreachable() {
+    // Nothing listens on port 1: every connect fails, the engine backs off.
+    let options = ConnectionOptions::parse("host=127.0.0.1 port=1 user=nobody").unwrap();
+    let (log, records) = LogSink::channel();
+    let engine = engine_with(options, false, log);
+    let answer = engine.handle.listen("never");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(engine.stats.connect_failures() >= 2);
+    let started = Instant::now();
+    engine.handle.stop();
+    assert_eq!(answer.await, Ok(Err(ListenError::Stopped)));
+    let handle = engine.handle.clone();
+    engine.join.await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // After the engine is gone, listen answers Stopped at once.
+    assert_eq!(handle.listen("late").await, Ok(Err(ListenError::Stopped)));
+    assert!(records
+        .try_iter()
+        .any(|r| r.level == Level::Warn && r.message.contains("connect")));
+}
+
+#[tokio::test]
+async fn sslmode_require_over_tcp_is_encrypted() {
+    if options().await.is_none() {
+        return;
+    }
+    let url = "host=127.0.0.1 port=5432 dbname=pgbus_hub_test sslmode=require";
+    let options = ConnectionOptions::parse(url).unwrap();
+    let admin = match options.connect().await {
+        Ok(admin) => admin,
+        Err(error) => {
+            println!("skipping: no TLS-enabled PostgreSQL on 127.0.0.1:5432 ({error})");
+            return;
+        }
+    };
+    for (mode, encrypted) in [("require", true), ("disable", false), ("prefer", true)] {
+        let options = ConnectionOptions::parse(&format!(
+            "host=127.0.0.1 port=5432 dbname=pgbus_hub_test sslmode={mode}"
+        ))
+        .unwrap();
+        let mut engine = engine(options);
+        engine.wait_healthy().await;
+        let pid = engine.stats.backend_pid().unwrap() as i32;
+        let ssl: bool = admin
+            .client
+            .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(ssl, encrypted, "sslmode={mode}");
+        engine.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn url_keyword_and_pairs_forms_connect() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let tag = tag();
+    let forms = vec![
+        (
+            "url",
+            ConnectionOptions::parse(&format!(
+                "postgresql:///pgbus_hub_test?host=%2Fvar%2Frun%2Fpostgresql&application_name=url-{tag}"
+            )),
+        ),
+        (
+            "keywords",
+            ConnectionOptions::parse(&format!(
+                "host=/var/run/postgresql dbname = pgbus_hub_test application_name='kw {tag}'"
+            )),
+        ),
+        (
+            "pairs",
+            ConnectionOptions::from_pairs(vec![
+                ("host".into(), "127.0.0.1".into()),
+                ("port".into(), "5432".into()),
+                ("dbname".into(), "pgbus_hub_test".into()),
+                ("sslmode".into(), "disable".into()),
+                ("connect_timeout".into(), "5".into()),
+                ("fallback_application_name".into(), format!("pairs-{tag}")),
+            ]),
+        ),
+    ];
+    for (form, parsed) in forms {
+        let options = parsed.unwrap_or_else(|e| panic!("{form}: {e}"));
+        let expected = options.application_name().to_string();
+        let mut engine = engine(options);
+        engine.wait_healthy().await;
+        let pid = engine.stats.backend_pid().unwrap() as i32;
+        let name: String = admin
+            .client
+            .query_one(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(name, expected, "{form}");
+        assert!(name.contains(&tag), "{form}: {name}");
+        engine.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn variables_are_set_after_connect_with_safe_quoting() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    // pg_stat_activity shows non-ASCII application_name bytes as '?': keep it ASCII.
+    let name = format!("it's \"{}\" ; \\", tag());
+    let options = options
+        .with_variables(vec![
+            ("statement_timeout".into(), "5s".into()),
+            ("application_name".into(), name.clone()),
+        ])
+        .unwrap();
+    let mut engine = engine(options);
+    engine.wait_healthy().await;
+    let pid = engine.stats.backend_pid().unwrap() as i32;
+    let shown: String = admin
+        .client
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, name);
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_variable_is_a_logged_connect_error() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let options = options
+        .with_variables(vec![("no_such_setting_pgbus".into(), "1".into())])
+        .unwrap();
+    let (log, records) = LogSink::channel();
+    let engine = engine_with(options, false, log);
+    let answer = engine.handle.listen("never");
+    let deadline = Instant::now() + WAIT;
+    let record = loop {
+        // Never block the test's (single) runtime thread: the engine runs on it.
+        if let Ok(record) = records.try_recv() {
+            if record.message.contains("no_such_setting_pgbus") {
+                break record;
+            }
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(Instant::now() < deadline, "no connect error logged");
+    };
+    assert_eq!(record.level, Level::Warn);
+    assert!(
+        record.message.contains("applying variables failed"),
+        "{record:?}"
+    );
+    assert!(!engine.stats.healthy());
+    assert!(engine
+        .stats
+        .last_error()
+        .unwrap()
+        .contains("no_such_setting_pgbus"));
+    engine.handle.stop();
+    assert_eq!(answer.await, Ok(Err(ListenError::Stopped)));
+    engine.join.await.unwrap();
+}
+
+#[tokio::test]
+async fn sub_to_ack_latency_over_500_new_channels() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let mut engine = engine(options);
+    engine.wait_healthy().await;
+    let tag = tag();
+    let mut samples = Vec::with_capacity(500);
+    for i in 0..500 {
+        let started = Instant::now();
+        engine.listen(&format!("{tag}_{i}")).await.unwrap();
+        samples.push(started.elapsed());
+    }
+    samples.sort();
+    println!(
+        "sub->ack latency over 500 new channels: p50 {:?}, p99 {:?}, max {:?}",
+        samples[250], samples[494], samples[499]
+    );
+    // Re-listening an already LISTENed channel answers without a round trip.
+    let started = Instant::now();
+    engine.listen(&format!("{tag}_0")).await.unwrap();
+    println!(
+        "sub->ack for an already LISTENed channel: {:?}",
+        started.elapsed()
+    );
+    let _ = engine.events.try_recv();
+    engine.stop().await;
+}
+
+#[test]
+fn standalone_listener_delivers_and_stops_within_two_seconds() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(options) = runtime.block_on(options()) else {
+        return;
+    };
+    let admin = runtime.block_on(admin(&options));
+    let mut config = ListenerConfig::new(options, LogSink::silent());
+    config.channel_prefix = String::new();
+    config.channel_suffix = String::new();
+    let (sender, receiver) = delivery::channel();
+    let mut standalone = StandaloneListener::start(config, sender).unwrap();
+    let queue = tag();
+    standalone
+        .ensure_listening(&queue, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(
+        standalone.ensure_listening("", Duration::from_secs(5)),
+        Err(ListenError::EmptyName)
+    );
+    runtime.block_on(notify(&admin, &queue, "payload"));
+    runtime.block_on(notify(&admin, &queue, ""));
+    assert_eq!(
+        receiver.recv_timeout(WAIT),
+        Some(Delivery::Wake {
+            queue: queue.clone(),
+            payload: Some("payload".into())
+        })
+    );
+    assert_eq!(
+        receiver.recv_timeout(WAIT),
+        Some(Delivery::Wake {
+            queue: queue.clone(),
+            payload: None
+        })
+    );
+    assert!(standalone.stats().healthy());
+    assert_eq!(standalone.stats().notifications(), 2);
+
+    standalone.remove_listening(&queue);
+    let other = format!("{queue}_2");
+    standalone
+        .ensure_listening(&other, Duration::from_secs(5))
+        .unwrap();
+    runtime.block_on(notify(&admin, &queue, "gone"));
+    runtime.block_on(notify(&admin, &other, "here"));
+    assert_eq!(
+        receiver.recv_timeout(WAIT),
+        Some(Delivery::Wake {
+            queue: other,
+            payload: Some("here".into())
+        })
+    );
+
+    let started = Instant::now();
+    standalone.stop();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    standalone.stop(); // idempotent
+    assert_eq!(
+        standalone.ensure_listening(&queue, Duration::from_secs(1)),
+        Err(ListenError::Stopped)
+    );
+    assert!(!standalone.stats().healthy());
+    drop(standalone);
+}
+
+#[test]
+fn standalone_ensure_listening_times_out_while_unreachable() {
+    let options = ConnectionOptions::parse("host=127.0.0.1 port=1 user=nobody").unwrap();
+    let (sender, _receiver) = delivery::channel();
+    let standalone =
+        StandaloneListener::start(ListenerConfig::new(options, LogSink::silent()), sender).unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        standalone.ensure_listening("q", Duration::from_millis(300)),
+        Err(ListenError::Timeout)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let started = Instant::now();
+    drop(standalone); // Drop stops and joins.
+    assert!(started.elapsed() < Duration::from_secs(2));
+}

@@ -1,0 +1,81 @@
+# frozen_string_literal: true
+
+module Pgbus
+  module Hub
+    # A per-worker LISTEN connection (ext/pgbus_hub/src/listener.rs), the same
+    # engine the master hub runs: the fallback when there is no hub, and the
+    # standalone listener. pgbus's Listener surface: start / ensure_listening
+    # (:done once LISTEN is active, nil on timeout) / remove_listening / stop.
+    class Listener
+      DEFAULTS = {
+        connection: Options::REQUIRED,
+        dispatch_queue: Options::REQUIRED,
+        health_check_ms: 250,
+        channel_prefix: "pgmq.q_",
+        channel_suffix: ".INSERT",
+        logger: nil
+      }.freeze
+
+      def initialize(**options)
+        opts = Options.resolve("Listener", options, DEFAULTS)
+        @dispatch_queue = opts[:dispatch_queue]
+        raise ArgumentError, "Listener: dispatch_queue must respond to <<" unless @dispatch_queue.respond_to?(:<<)
+
+        @logger = opts[:logger]
+        health_check_ms = Options.positive_integer("Listener", :health_check_ms, opts[:health_check_ms])
+        # pgbus's Listener ack budget: one health-check cycle + 1 s.
+        @ack_timeout = (health_check_ms / 1000.0) + 1.0
+        @native_options = {
+          connection: opts[:connection],
+          health_check_ms: health_check_ms,
+          channel_prefix: Options.string("Listener", :channel_prefix, opts[:channel_prefix]),
+          channel_suffix: Options.string("Listener", :channel_suffix, opts[:channel_suffix])
+        }.freeze
+        @owner_pid = Process.pid
+        @lock = Mutex.new
+      end
+
+      # Idempotent. Connects in the background; ensure_listening waits for it.
+      def start
+        @lock.synchronize do
+          return self if @pump
+
+          native_start(@native_options)
+          @log_thread = LogDrain.start(@logger, "pgbus-hub listener log") { native_next_logs }
+          @pump = Pump.start(name: "pgbus-hub listener pump", dispatch_queue: @dispatch_queue,
+                             wake: Wakes.factory(@logger), logger: @logger) { native_next_batch }
+        end
+        self
+      end
+
+      def ensure_listening(queue)
+        result = native_ensure_listening(queue.to_s, @ack_timeout)
+        @logger&.warn("[pgbus-hub] LISTEN for #{queue} not confirmed within #{@ack_timeout}s") if result.nil?
+        result
+      end
+
+      def remove_listening(queue)
+        native_remove_listening(queue.to_s)
+        nil
+      end
+
+      def stats
+        native_stats
+      end
+
+      def alive?
+        !@pump.nil? && Process.pid == @owner_pid
+      end
+
+      def stop
+        native_stop
+        if Process.pid == @owner_pid
+          @pump&.join(2)
+          @log_thread&.join(2)
+        end
+        @pump = @log_thread = nil
+        self
+      end
+    end
+  end
+end

@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "logger"
+require "stringio"
+require_relative "support/database"
+require_relative "support/hub_process"
+require_relative "support/ruby_hub_peer"
+
+RSpec.describe Pgbus::Hub::HubClient do
+  around do |example|
+    Dir.mktmpdir("pgbus-hub-client") do |dir|
+      @dir = dir
+      example.run
+    ensure
+      @cleanup&.reverse_each(&:call)
+    end
+  end
+
+  def later(&block)
+    (@cleanup ||= []) << block
+  end
+
+  def pop(queue, timeout: 5)
+    Timeout.timeout(timeout) { queue.pop }
+  end
+
+  def client(socket_path, **options)
+    c = described_class.new(socket_path: socket_path, dispatch_queue: options.delete(:queue) || Queue.new, **options)
+    later { c.stop }
+    c
+  end
+
+  it "is reachable where pgbus expects its error class" do
+    expect(described_class::HubUnavailableError).to equal(Pgbus::Hub::HubUnavailableError)
+    expect(Pgbus::Hub::HubUnavailableError.ancestors).to include(Pgbus::Hub::Error, StandardError)
+  end
+
+  it "raises HubUnavailableError when no hub is there" do
+    path = File.join(@dir, "missing.sock")
+    expect { client(path).connect }
+      .to raise_error(Pgbus::Hub::HubUnavailableError, /\Acannot reach master hub at #{Regexp.escape(path)}: /)
+    expect { client(File.join(@dir, "x" * 120)).connect }.to raise_error(Pgbus::Hub::HubUnavailableError, /cannot reach/)
+  end
+
+  context "against a pure-Ruby hub loop (wire compatibility)" do
+    it "subscribes, receives wakes as WakeMessages, writes exact unsub frames" do
+      stub = RubyHubStub.new(File.join(@dir, "ruby.sock"))
+      later { stub.close }
+      queue = Queue.new
+      c = client(File.join(@dir, "ruby.sock"), queue: queue).connect
+      expect(c.ensure_listening("pgbus_chat")).to eq(:done)
+      expect(pop(stub.received)).to eq({ "t" => "sub", "q" => "pgbus_chat" })
+      stub.wake("pgbus_chat")
+      stub.wake("pgbus_chat", "<p>é</p>")
+      expect(pop(queue)).to have_attributes(queue_name: "pgbus_chat", payload: nil)
+      expect(pop(queue)).to have_attributes(queue_name: "pgbus_chat", payload: "<p>é</p>")
+      expect(c.remove_listening("pgbus_chat")).to be_nil
+      expect(pop(stub.received)).to eq({ "t" => "unsub", "q" => "pgbus_chat" })
+      expect(c).to be_hub_healthy
+      expect(c).not_to be_dead
+    end
+
+    it "times out without an ack: raises, marks dead, fires on_failure once" do
+      stub = RubyHubStub.new(File.join(@dir, "mute.sock"), ack: false)
+      later { stub.close }
+      failures = Queue.new
+      c = client(File.join(@dir, "mute.sock"), ack_timeout: 0.3, on_failure: -> { failures << :failed }).connect
+      expect { c.ensure_listening("q") }.to raise_error(Pgbus::Hub::HubUnavailableError, /ack/i)
+      expect(c).to be_dead
+      expect(c).not_to be_hub_healthy
+      expect { c.ensure_listening("q2") }.to raise_error(Pgbus::Hub::HubUnavailableError)
+      expect(pop(failures)).to eq(:failed)
+      sleep 0.2
+      expect(failures.size).to eq(0)
+      expect(c.remove_listening("q")).to be_nil
+    end
+  end
+
+  context "against our MasterHub in another process" do
+    before { skip "no PostgreSQL" unless TestDatabase.available? }
+
+    let(:socket_path) { File.join(@dir, "hub.sock") }
+    let!(:hub) { HubProcess.new(socket_path).tap { |h| later { h.stop } } }
+
+    it "delivers durable and ephemeral wakes in order" do
+      queue = Queue.new
+      c = client(socket_path, queue: queue).connect
+      expect(c.ensure_listening("orders")).to eq(:done)
+      TestDatabase.notify("orders")
+      5.times { |i| TestDatabase.notify("orders", "m#{i}") }
+      durable = pop(queue)
+      expect(durable).to be_a(Pgbus::Hub::WakeMessage)
+      expect(durable.payload).to be_nil
+      expect(Array.new(5) { pop(queue).payload }).to eq(%w[m0 m1 m2 m3 m4])
+    rescue Timeout::Error
+      raise "wake did not arrive"
+    end
+
+    it "fires on_failure once and releases a waiter when the hub is SIGKILLed" do
+      failures = Queue.new
+      c = client(socket_path, on_failure: -> { failures << Thread.current }).connect
+      c.ensure_listening("k")
+      hub.kill("KILL")
+      expect(pop(failures)).not_to equal(Thread.main) # a Ruby thread, not the caller's
+      expect(c).to be_dead
+      expect { c.ensure_listening("k2") }.to raise_error(Pgbus::Hub::HubUnavailableError)
+    end
+
+    it "stop returns promptly with a pump blocked and is idempotent; no on_failure" do
+      called = false
+      c = client(socket_path, on_failure: -> { called = true }).connect
+      c.ensure_listening("s")
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      expect(c.stop).to equal(c)
+      expect(c.stop).to equal(c)
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 3
+      expect(called).to be(false)
+      expect(c).to be_dead
+    end
+
+    it "is inert in a forked child and a fresh client there works" do
+      queue = Queue.new
+      c = client(socket_path, queue: queue).connect
+      c.ensure_listening("parent")
+      rd, wr = IO.pipe
+      pid = fork do
+        rd.close
+        ok = c.dead?
+        begin
+          c.ensure_listening("x")
+          ok = false
+        rescue Pgbus::Hub::HubUnavailableError
+          nil
+        end
+        c.stop
+        fresh = described_class.new(socket_path: socket_path, dispatch_queue: Queue.new).connect
+        ok &&= fresh.ensure_listening("child") == :done
+        fresh.stop
+        wr.write(ok ? "ok" : "bad")
+        exit!(0)
+      end
+      wr.close
+      Process.wait(pid)
+      expect(rd.read).to eq("ok")
+      TestDatabase.notify("parent", "still")
+      expect(pop(queue).payload).to eq("still")
+    end
+
+    it "leaks no fds or threads over 1000 connect/stop cycles" do
+      fds = -> { Dir.children("/proc/self/fd").size }
+      threads = -> { File.read("/proc/self/status")[/^Threads:\s+(\d+)/, 1].to_i }
+      warm = client(socket_path).connect
+      warm.stop
+      before = { fds: fds.call, threads: threads.call, ruby_threads: Thread.list.size }
+      1000.times { described_class.new(socket_path: socket_path, dispatch_queue: Queue.new).connect.stop }
+      after = { fds: fds.call, threads: threads.call, ruby_threads: Thread.list.size }
+      expect(after.to_a).to all(satisfy { |key, count| count <= before[key] })
+    end
+  end
+end

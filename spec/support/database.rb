@@ -1,0 +1,95 @@
+# frozen_string_literal: true
+
+require "pg"
+
+# The real local PostgreSQL the suite talks to (no mocks). bin/setup creates
+# the pgbus_hub_test database; CI exports PGBUS_HUB_TEST_DATABASE_URL.
+module TestDatabase
+  module_function
+
+  def url
+    ENV["PGBUS_HUB_TEST_DATABASE_URL"] || ENV["DATABASE_URL"] || "host=/var/run/postgresql dbname=pgbus_hub_test"
+  end
+
+  def connect
+    PG.connect(url)
+  end
+
+  def available?
+    return @available unless @available.nil?
+
+    @available = begin
+      connect.close
+      true
+    rescue PG::Error => e
+      warn "PostgreSQL not reachable at #{url} (#{e.message.strip}): database specs are skipped"
+      false
+    end
+  end
+
+  def notify(queue, payload = "", prefix: "pgmq.q_", suffix: ".INSERT")
+    with { |conn| conn.exec_params("select pg_notify($1, $2)", ["#{prefix}#{queue}#{suffix}", payload]) }
+  end
+
+  def census(application_name = "pgbus-listen")
+    with do |conn|
+      conn.exec_params("select count(*) from pg_stat_activity where application_name = $1",
+                       [application_name]).getvalue(0, 0).to_i
+    end
+  end
+
+  def with
+    @conn = nil if @conn&.finished? || @conn_pid != Process.pid
+    @conn_pid = Process.pid
+    @conn ||= connect
+    yield @conn
+  end
+end
+
+# A worker speaking the hub protocol by hand (pgbus's HubClient wire behaviour).
+class WirePeer
+  attr_reader :socket
+
+  def initialize(path)
+    @socket = UNIXSocket.new(path)
+  end
+
+  def send_frame(message)
+    @socket.write(Pgbus::Hub::Protocol.encode(message))
+  end
+
+  def next_frame(timeout: 5)
+    return nil unless @socket.wait_readable(timeout)
+
+    Pgbus::Hub::Protocol.read_frame(@socket)
+  end
+
+  def next_non_status(timeout: 5)
+    loop do
+      frame = next_frame(timeout: timeout)
+      return frame unless frame && frame["t"] == "status"
+    end
+  end
+
+  def subscribe(queue)
+    send_frame({ "t" => "sub", "q" => queue })
+    loop do
+      frame = next_non_status
+      raise "no ack for #{queue}" if frame.nil?
+      return frame if frame["t"] == "ack" && frame["q"] == queue
+    end
+  end
+
+  def close
+    @socket.close unless @socket.closed?
+  end
+end
+
+def wait_for(what, timeout: 10)
+  deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+  until yield
+    raise "timed out waiting for #{what}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+    sleep 0.01
+  end
+end
