@@ -77,6 +77,30 @@ RSpec.describe Pgbus::Hub::HubClient do
     end
   end
 
+  it "stop releases a blocked ensure_listening at once, without on_failure" do
+    stub = RubyHubStub.new(File.join(@dir, "slow.sock"), ack: false)
+    later { stub.close }
+    called = false
+    c = client(File.join(@dir, "slow.sock"), ack_timeout: 30, on_failure: -> { called = true }).connect
+    waiter = Thread.new { c.ensure_listening("never") }
+    sleep 0.1
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    c.stop
+    expect { waiter.value }.to raise_error(Pgbus::Hub::HubUnavailableError, /stopped/)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 3
+    expect(called).to be(false)
+  end
+
+  it "its pump thread can be killed while blocked in native code" do
+    stub = RubyHubStub.new(File.join(@dir, "kill.sock"))
+    later { stub.close }
+    c = client(File.join(@dir, "kill.sock")).connect
+    pump = c.instance_variable_get(:@pump)
+    sleep 0.05
+    pump.kill
+    expect(pump.join(2)).to equal(pump)
+  end
+
   context "against our MasterHub in another process" do
     before { skip "no PostgreSQL" unless TestDatabase.available? }
 

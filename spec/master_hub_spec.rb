@@ -4,6 +4,8 @@ require "socket"
 require "tmpdir"
 require "logger"
 require "stringio"
+require "rbconfig"
+require "timeout"
 require_relative "support/database"
 
 RSpec.describe Pgbus::Hub::MasterHub do
@@ -113,5 +115,91 @@ RSpec.describe Pgbus::Hub::MasterHub do
     hub.stop
     expect(out.string).to include("master hub listening at #{hub.socket_path}")
     expect(out.string).to include("stopped")
+  end
+
+  it "loses no wake committed after an ack, under a NOTIFY storm" do
+    hub = start_hub
+    storm = Thread.new do
+      conn = TestDatabase.connect
+      2000.times { conn.exec("select pg_notify('pgmq.q_storm.INSERT', 'noise')") }
+    ensure
+      conn&.close
+    end
+    30.times do |i|
+      peer = WirePeer.new(hub.socket_path)
+      peer.subscribe("fresh_#{i}")
+      TestDatabase.notify("fresh_#{i}", "marker")
+      expect(peer.next_non_status).to include("q" => "fresh_#{i}", "p" => "marker")
+      peer.close
+    end
+    storm.join
+  end
+
+  it "evicts a worker that never reads; the others keep getting wakes" do
+    hub = start_hub(durable_queue_limit: 3, hard_queue_limit: 8)
+    stuck = WirePeer.new(hub.socket_path)
+    stuck.subscribe("flood")
+    healthy = WirePeer.new(hub.socket_path)
+    healthy.subscribe("flood")
+    payload = "y" * 7000
+    sent = 0
+    while hub.stats[:evicted_workers].zero? && sent < 2000
+      TestDatabase.notify("flood", payload)
+      sent += 1
+      expect(healthy.next_non_status).to include("p" => payload)
+    end
+    expect(hub.stats[:evicted_workers]).to eq(1)
+    frames = 0
+    frames += 1 while stuck.next_frame(timeout: 5)
+    expect(frames).to be < sent # only what the socket buffer held before the eviction...
+    expect(Timeout.timeout(5) { stuck.socket.read(1) }).to be_nil # ...then EOF, not silence
+    wait_for("evicted worker gone") { hub.stats[:workers] == 1 }
+  end
+
+  it "recovers from pg_terminate_backend: healthy false, then true, wakes flow" do
+    hub = start_hub
+    peer = WirePeer.new(hub.socket_path)
+    peer.subscribe("survive")
+    TestDatabase.with do |conn|
+      conn.exec("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'pgbus-listen'")
+    end
+    seen = []
+    until seen.last == true && seen.include?(false)
+      frame = peer.next_frame
+      raise "hub closed the worker" unless frame
+
+      seen << frame["healthy"] if frame["t"] == "status"
+    end
+    TestDatabase.notify("survive", "again")
+    expect(peer.next_non_status).to include("p" => "again")
+    expect(hub.stats[:reconnects]).to be >= 1
+  end
+
+  it "refuses a peer of another uid and counts it" do
+    skip "needs root and setpriv" unless Process.euid.zero? && system("setpriv --version", out: File::NULL)
+    hub = start_hub
+    File.chmod(0o755, @dir)
+    File.chmod(0o666, hub.socket_path) # only so the other uid reaches the peer check
+    script = "require 'socket'; s = UNIXSocket.new(#{hub.socket_path.inspect}); puts((s.read(100) || '').bytesize)"
+    out = IO.popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", RbConfig.ruby, "-e", script], &:read)
+    expect(out.strip).to eq("0")
+    expect(hub.stats[:rejected_peers]).to eq(1)
+    WirePeer.new(hub.socket_path).subscribe("still-served")
+  end
+
+  it "serves a pure-Ruby protocol peer (wire compatibility)" do
+    require_relative "support/ruby_hub_peer"
+    hub = start_hub
+    sock = UNIXSocket.new(hub.socket_path)
+    next_frame = lambda do
+      frame = RubyWire.read(sock)
+      frame = RubyWire.read(sock) while frame["t"] == "status"
+      frame
+    end
+    RubyWire.write(sock, { "t" => "sub", "q" => "pure" })
+    expect(next_frame.call).to eq({ "t" => "ack", "q" => "pure" })
+    TestDatabase.notify("pure", "from pg")
+    expect(next_frame.call).to eq({ "t" => "wake", "q" => "pure", "p" => "from pg" })
+    sock.close
   end
 end

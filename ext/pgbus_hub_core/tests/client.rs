@@ -684,8 +684,13 @@ fn thousand_connect_stop_cycles_leak_no_fds_or_threads() {
         fd_count(),
         thread_count()
     );
-    assert_eq!(fd_count(), fds);
-    assert_eq!(thread_count(), threads);
+    // No growth. (Fewer is fine: another test's leftovers may close meanwhile.)
+    assert!(fd_count() <= fds, "fds grew: {fds} -> {}", fd_count());
+    assert!(
+        thread_count() <= threads,
+        "threads grew: {threads} -> {}",
+        thread_count()
+    );
     assert_eq!(receiver.recv_timeout(Duration::from_millis(50)), None);
 }
 

@@ -573,3 +573,82 @@ fn a_forked_child_leaves_the_hub_alone() {
     hub.stop();
     assert!(!hub.is_running());
 }
+
+fn process_threads() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p / 100.0).ceil() as usize).saturating_sub(1)]
+}
+
+/// Figures for the README (printed; only the thread count is asserted, and it is not a time).
+#[test]
+fn measure_sub_ack_fanout_and_thread_count() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let before = process_threads();
+    let hub = MasterHub::start(fx.config("figures")).unwrap();
+    let mut peers = vec![Peer::connect(&hub)];
+    peers[0].subscribe("warm");
+    let with_one = process_threads() - before;
+
+    let mut new_channel: Vec<Duration> = (0..500)
+        .map(|i| {
+            let started = Instant::now();
+            peers[0].subscribe(&format!("ack_{i}"));
+            started.elapsed()
+        })
+        .collect();
+    let mut active_channel: Vec<Duration> = (0..500)
+        .map(|_| {
+            let started = Instant::now();
+            peers[0].subscribe("warm");
+            started.elapsed()
+        })
+        .collect();
+    new_channel.sort();
+    active_channel.sort();
+
+    peers.extend((1..32).map(|_| Peer::connect(&hub)));
+    for peer in &mut peers {
+        peer.subscribe("fan");
+    }
+    let with_32 = process_threads() - before;
+    let mut fanout = Vec::new();
+    for round in 0..50 {
+        let payload = format!("r{round}");
+        let started = Instant::now();
+        fx.notify("fan", &payload);
+        for peer in peers.iter_mut().take(16) {
+            peer.expect_wake("fan", Some(&payload));
+        }
+        fanout.push(started.elapsed());
+        for peer in peers.iter_mut().skip(16) {
+            peer.expect_wake("fan", Some(&payload));
+        }
+    }
+    fanout.sort();
+    eprintln!(
+        "FIGURES sub->ack new channel p50 {:?} p99 {:?}; active channel p50 {:?} p99 {:?}; \
+         NOTIFY -> 16 workers (of 32) all received p50 {:?} p99 {:?}; \
+         process threads added by the hub: {with_one} with 1 client, {with_32} with 32 clients",
+        percentile(&new_channel, 50.0),
+        percentile(&new_channel, 99.0),
+        percentile(&active_channel, 50.0),
+        percentile(&active_channel, 99.0),
+        percentile(&fanout, 50.0),
+        percentile(&fanout, 99.0),
+    );
+    assert_eq!(
+        with_one, with_32,
+        "the hub's thread count does not grow with workers"
+    );
+    assert_eq!(hub.stats().threads, 1);
+}

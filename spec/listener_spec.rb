@@ -1,0 +1,74 @@
+# frozen_string_literal: true
+
+require "logger"
+require "stringio"
+require "timeout"
+require_relative "support/database"
+
+RSpec.describe Pgbus::Hub::Listener do
+  before { skip "no PostgreSQL" unless TestDatabase.available? }
+
+  def pop(queue, timeout: 5)
+    Timeout.timeout(timeout) { queue.pop }
+  end
+
+  def listener(**options)
+    l = described_class.new(connection: TestDatabase.url, dispatch_queue: options.delete(:queue) || Queue.new,
+                            health_check_ms: 100, **options)
+    (@listeners ||= []) << l
+    l
+  end
+
+  after { @listeners&.each(&:stop) }
+
+  it "acks only once LISTEN is active and delivers durable and ephemeral wakes" do
+    queue = Queue.new
+    l = listener(queue: queue).start
+    expect(l.start).to equal(l)
+    expect(l.ensure_listening("pgbus_orders")).to eq(:done)
+    TestDatabase.notify("pgbus_orders")
+    TestDatabase.notify("pgbus_orders", "<p>ephemeral</p>")
+    expect(pop(queue)).to have_attributes(queue_name: "pgbus_orders", payload: nil)
+    expect(pop(queue)).to have_attributes(queue_name: "pgbus_orders", payload: "<p>ephemeral</p>")
+    expect(l).to be_connected
+    expect(l.stats).to include(channels: 1, healthy: true)
+  end
+
+  it "opens one pgbus-listen connection, standalone channel names, quoting-safe" do
+    queue = Queue.new
+    before = TestDatabase.census
+    l = listener(queue: queue, channel_prefix: "", channel_suffix: "").start
+    name = %(it's "quoted"; drop table x)
+    expect(l.ensure_listening(name)).to eq(:done)
+    expect(TestDatabase.census - before).to eq(1)
+    TestDatabase.notify(name, "ok", prefix: "", suffix: "")
+    expect(pop(queue)).to have_attributes(queue_name: name, payload: "ok")
+  end
+
+  it "raises InvalidQueueError for names PostgreSQL would truncate or cannot take" do
+    l = listener.start
+    expect { l.ensure_listening("") }.to raise_error(Pgbus::Hub::InvalidQueueError, /empty/)
+    expect { l.ensure_listening("x" * 60) }.to raise_error(Pgbus::Hub::InvalidQueueError, /63 bytes/)
+    expect(Pgbus::Hub::InvalidQueueError.ancestors).to include(ArgumentError)
+  end
+
+  it "stops unlisten'd delivery and stops within 2 s" do
+    queue = Queue.new
+    l = listener(queue: queue).start
+    l.ensure_listening("gone")
+    l.remove_listening("gone")
+    l.ensure_listening("kept")
+    TestDatabase.notify("gone", "no")
+    TestDatabase.notify("kept", "yes")
+    expect(pop(queue).payload).to eq("yes")
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    l.stop
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 2.5
+    expect(l.stop).to equal(l)
+  end
+
+  it "rejects unknown keywords naming the valid ones" do
+    expect { described_class.new(connection: "x", dispatch_queue: Queue.new, nope: 1) }
+      .to raise_error(ArgumentError, /unknown option\(s\) :nope \(valid: :connection, :dispatch_queue/)
+  end
+end
