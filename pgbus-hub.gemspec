@@ -16,6 +16,7 @@ Gem::Specification.new do |spec|
   # manifest and lock file. Never target/, tmp/, fuzz corpora or specs.
   spec.files = Dir[
     "lib/**/*.rb",
+    "exe/*",
     "ext/pgbus_hub/extconf.rb",
     "ext/pgbus_hub/Cargo.toml",
     "ext/pgbus_hub/src/**/*.rs",
@@ -28,5 +29,7 @@ Gem::Specification.new do |spec|
     "LICENSE"
   ]
   spec.require_paths = ["lib"]
+  spec.bindir = "exe"
+  spec.executables = ["pgbus-hub"]
   spec.extensions = ["ext/pgbus_hub/extconf.rb"]
 end

@@ -13,7 +13,9 @@ require_relative "hub/wake_message"
 require_relative "hub/pump"
 require_relative "hub/hub_client"
 require_relative "hub/listener"
+require_relative "hub/status"
 require_relative "hub/failover_listener"
+require_relative "hub/pgbus_integration"
 
 module Pgbus
   # One PostgreSQL LISTEN connection per host, shared by Puma's workers.

@@ -21,6 +21,11 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 /// 100 (`max_nesting`); we refuse the same documents so both peers agree.
 pub const MAX_NESTING: usize = 100;
 
+/// Our extension: `{"t":"stats"}` asks the master hub for its counters; it
+/// answers `{"t":"stats","stats":{...}}`. pgbus's peers never send it and
+/// treat the answer as an unknown frame, so it decodes as [`Message::Unknown`].
+pub const STATS_KIND: &str = "stats";
+
 /// A decoded frame: a JSON object, key order preserved.
 pub type Object = Map<String, Value>;
 

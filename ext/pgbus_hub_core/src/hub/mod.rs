@@ -94,6 +94,7 @@ pub(crate) struct Core {
     hard_queue_limit: usize,
     counters: Counters,
     healthy: AtomicBool,
+    started: Instant,
     state: Mutex<State>,
 }
 
@@ -256,6 +257,59 @@ impl Core {
         }
     }
 
+    /// `threads`: the caller knows whether the hub thread runs (1) or not (0).
+    fn stats(&self, threads: usize) -> HubStats {
+        let state = self.state();
+        let listener_stats = state.listener.as_ref().map(|(_, stats)| stats.clone());
+        let counters = &self.counters;
+        HubStats {
+            workers: state.workers.len(),
+            channels: state.registry.queue_count(),
+            listener_healthy: self.healthy.load(Ordering::Relaxed),
+            reconnects: listener_stats.as_ref().map_or(0, |s| s.reconnects()),
+            wakes_received: counters.wakes_received.load(Ordering::Relaxed),
+            frames_sent: counters.frames_sent.load(Ordering::Relaxed),
+            dropped_durable_wakes: counters.dropped_durable_wakes.load(Ordering::Relaxed),
+            evicted_workers: counters.evicted_workers.load(Ordering::Relaxed),
+            rejected_peers: counters.rejected_peers.load(Ordering::Relaxed),
+            listener_restarts: counters.listener_restarts.load(Ordering::Relaxed),
+            threads,
+            last_error: listener_stats.and_then(|s| s.last_error()),
+            uptime: self.started.elapsed(),
+        }
+    }
+
+    /// Answers our `{"t":"stats"}` extension (pgbus's client never sends it):
+    /// `{"t":"stats","stats":{...}}`, for `pgbus-hub status`.
+    fn send_stats(&self, worker: &Worker) {
+        let stats = self.stats(1);
+        let mut fields = serde_json::Map::new();
+        fields.insert("workers".into(), stats.workers.into());
+        fields.insert("channels".into(), stats.channels.into());
+        fields.insert("listener_healthy".into(), stats.listener_healthy.into());
+        fields.insert("reconnects".into(), stats.reconnects.into());
+        fields.insert("wakes_received".into(), stats.wakes_received.into());
+        fields.insert("frames_sent".into(), stats.frames_sent.into());
+        fields.insert(
+            "dropped_durable_wakes".into(),
+            stats.dropped_durable_wakes.into(),
+        );
+        fields.insert("evicted_workers".into(), stats.evicted_workers.into());
+        fields.insert("rejected_peers".into(), stats.rejected_peers.into());
+        fields.insert("listener_restarts".into(), stats.listener_restarts.into());
+        fields.insert("threads".into(), stats.threads.into());
+        fields.insert("last_error".into(), stats.last_error.into());
+        fields.insert("uptime".into(), stats.uptime.as_secs_f64().into());
+        fields.insert("pid".into(), std::process::id().into());
+        let mut reply = serde_json::Map::new();
+        reply.insert("t".into(), crate::protocol::STATS_KIND.into());
+        reply.insert("stats".into(), fields.into());
+        match crate::protocol::encode_object(&reply) {
+            Ok(frame) => self.enqueue(worker, frame.into(), false),
+            Err(e) => self.log.error(format!("cannot encode a stats frame: {e}")),
+        }
+    }
+
     fn on_listener_event(&self, event: Event) {
         match event {
             Event::Wake { queue, payload } => self.deliver(queue, payload),
@@ -273,7 +327,6 @@ impl Core {
 pub struct MasterHub {
     owner: Owner,
     socket_path: PathBuf,
-    started: Instant,
     core: Arc<Core>,
     running: Option<Running>,
 }
@@ -312,6 +365,7 @@ impl MasterHub {
             hard_queue_limit: config.hard_queue_limit,
             counters: Counters::default(),
             healthy: AtomicBool::new(false),
+            started: Instant::now(),
             state: Mutex::new(State {
                 registry: Registry::default(),
                 workers: HashMap::new(),
@@ -336,7 +390,6 @@ impl MasterHub {
         Ok(Self {
             owner: Owner::current(),
             socket_path,
-            started: Instant::now(),
             core,
             running: Some(Running {
                 shutdown,
@@ -360,24 +413,7 @@ impl MasterHub {
     }
 
     pub fn stats(&self) -> HubStats {
-        let state = self.core.state();
-        let listener_stats = state.listener.as_ref().map(|(_, stats)| stats.clone());
-        let counters = &self.core.counters;
-        HubStats {
-            workers: state.workers.len(),
-            channels: state.registry.queue_count(),
-            listener_healthy: self.core.healthy.load(Ordering::Relaxed),
-            reconnects: listener_stats.as_ref().map_or(0, |s| s.reconnects()),
-            wakes_received: counters.wakes_received.load(Ordering::Relaxed),
-            frames_sent: counters.frames_sent.load(Ordering::Relaxed),
-            dropped_durable_wakes: counters.dropped_durable_wakes.load(Ordering::Relaxed),
-            evicted_workers: counters.evicted_workers.load(Ordering::Relaxed),
-            rejected_peers: counters.rejected_peers.load(Ordering::Relaxed),
-            listener_restarts: counters.listener_restarts.load(Ordering::Relaxed),
-            threads: usize::from(self.is_running()),
-            last_error: listener_stats.and_then(|s| s.last_error()),
-            uptime: self.started.elapsed(),
-        }
+        self.core.stats(usize::from(self.is_running()))
     }
 
     /// Idempotent. Closes every worker, UNLISTENs, closes PostgreSQL, joins the

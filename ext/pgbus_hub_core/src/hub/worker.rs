@@ -236,6 +236,11 @@ fn handle(core: &Arc<Core>, worker: &Arc<Worker>, message: Message) -> bool {
             });
         }
         Message::Unsub(queue) => core.unsubscribe(worker.id, &queue),
+        Message::Unknown(object)
+            if object.get("t").and_then(|t| t.as_str()) == Some(crate::protocol::STATS_KIND) =>
+        {
+            core.send_stats(worker);
+        }
         Message::Unknown(object) => {
             let kind = object
                 .get("t")
