@@ -21,8 +21,9 @@ RSpec.describe Pgbus::Hub::MasterHub do
   end
 
   def start_hub(**options)
-    hub = described_class.new(connection: TestDatabase.url, socket_path: File.join(@dir, "hub.sock"),
-                              health_check_ms: 100, status_interval: 0.2, **options).start
+    defaults = { connection: TestDatabase.url, socket_path: File.join(@dir, "hub.sock"),
+                 health_check_ms: 100, status_interval: 0.2 }
+    hub = described_class.new(**defaults, **options).start
     (@hubs ||= []) << hub
     hub
   end
@@ -201,5 +202,18 @@ RSpec.describe Pgbus::Hub::MasterHub do
     TestDatabase.notify("pure", "from pg")
     expect(next_frame.call).to eq({ "t" => "wake", "q" => "pure", "p" => "from pg" })
     sock.close
+  end
+
+  it "connects from a Hash of libpq keywords with variables, over TLS with sslmode=require" do
+    params = PG::Connection.conninfo_parse(TestDatabase.url).select { |o| o[:val] }.to_h { |o| [o[:keyword].to_sym, o[:val]] }
+    connection = params.merge(host: "127.0.0.1", port: params.fetch(:port, "5432"), sslmode: "require",
+                              application_name: "pgbus-listen-tls", variables: { statement_timeout: "5s" })
+    hub = start_hub(connection: connection)
+    wait_for("listener healthy") { hub.stats[:listener_healthy] }
+    ssl = TestDatabase.with do |conn|
+      conn.exec("select s.ssl from pg_stat_ssl s join pg_stat_activity a using (pid) " \
+                "where a.application_name = 'pgbus-listen-tls'").values.flatten
+    end
+    expect(ssl).to eq(["t"])
   end
 end
