@@ -8,7 +8,7 @@ use crate::nogvl::nogvl;
 use crate::options::listener_config;
 use crate::pump::Pump;
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
-use pgbus_hub_core::listener::{ListenError, StandaloneListener};
+use pgbus_hub_core::listener::StandaloneListener;
 use pgbus_hub_core::log::LogSink;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -75,9 +75,7 @@ impl RbListener {
         .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
         match outcome {
             Ok(()) => Ok(Some(ruby.to_symbol("done"))),
-            Err(e @ (ListenError::EmptyName | ListenError::NameTooLong { .. })) => {
-                Err(invalid_queue(ruby, e.to_string()))
-            }
+            Err(e) if e.is_invalid_name() => Err(invalid_queue(ruby, e.to_string())),
             Err(_) => Ok(None),
         }
     }

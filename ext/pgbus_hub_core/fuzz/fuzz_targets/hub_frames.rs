@@ -16,6 +16,7 @@
 //!   the set of queues with at least one routed worker: no leaked channel, no
 //!   channel UNLISTENed while a worker still wants it;
 //! - a refused name (empty, > 63 bytes, NUL) is never routed;
+//! - `remove`/`remove_worker` report exactly the last refs (the model's count);
 //! - every known message re-encodes and decodes to the same message.
 #![no_main]
 
@@ -51,6 +52,17 @@ fn queue_name(index: u8) -> String {
         9 => "z".repeat(200),
         10 => "ünï".repeat(8),
         _ => format!("q{}", index / 12),
+    }
+}
+
+/// `Registry::add` documents "true when this is the queue's first worker", but
+/// a duplicate sub from a queue's only worker also returns true (finding #1 of
+/// issue 8; `Core::subscribe` ignores the value, so the hub is unaffected).
+/// PGBUS_FUZZ_STRICT_REGISTRY=1 turns the documented contract into a crash.
+fn registry_contract_violation(queue: &str, got: bool, expected: bool) {
+    static STRICT: OnceLock<bool> = OnceLock::new();
+    if *STRICT.get_or_init(|| std::env::var_os("PGBUS_FUZZ_STRICT_REGISTRY").is_some()) {
+        panic!("Registry::add({queue:?}) returned {got}, its doc says {expected}");
     }
 }
 
@@ -95,7 +107,18 @@ impl Hub {
     /// Core::remove_worker: release every ref, UNLISTEN last refs; the slot reconnects.
     fn disconnect(&mut self, slot: usize) {
         let id = self.ids[slot];
-        for queue in self.registry.remove_worker(id) {
+        let mut released = self.registry.remove_worker(id);
+        released.sort();
+        let mut expected: Vec<String> = self
+            .model
+            .routes
+            .iter()
+            .filter(|(_, workers)| workers.len() == 1 && workers.contains(&id))
+            .map(|(queue, _)| queue.clone())
+            .collect();
+        expected.sort();
+        assert_eq!(released, expected, "remove_worker({id}) released the wrong last refs");
+        for queue in released {
             assert!(self.model.listening.remove(&queue), "UNLISTEN of a channel never LISTENed: {queue:?}");
         }
         for workers in self.model.routes.values_mut() {
@@ -109,20 +132,33 @@ impl Hub {
 
     fn subscribe(&mut self, slot: usize, queue: &str) {
         let id = self.ids[slot];
-        // Core::subscribe routes first, then asks for LISTEN ...
-        if self.registry.add(id, queue) {
-            assert!(self.model.listening.insert(queue.to_owned()), "double LISTEN for {queue:?}");
+        let expected_first = !self.model.routes.contains_key(queue);
+        // Core::subscribe routes first, then asks the engine to LISTEN (every
+        // time: the engine dedups by channel; `add`'s answer is not used).
+        let first = self.registry.add(id, queue);
+        if first != expected_first {
+            registry_contract_violation(queue, first, expected_first);
         }
         self.model.routes.entry(queue.to_owned()).or_default().insert(id);
-        // ... and finish_subscribe unroutes a name the engine refused.
-        if config().channel_for(queue).is_err() {
+        if config().channel_for(queue).is_ok() {
+            self.model.listening.insert(queue.to_owned());
+        } else {
+            // finish_subscribe unroutes a name the engine refused (and nacks it).
             self.unsubscribe(slot, queue);
         }
     }
 
+    /// Core::unsubscribe: drop the ref; the last ref out UNLISTENs.
     fn unsubscribe(&mut self, slot: usize, queue: &str) {
         let id = self.ids[slot];
-        if self.registry.remove(id, queue) {
+        let last_ref = self
+            .model
+            .routes
+            .get(queue)
+            .is_some_and(|workers| workers.len() == 1 && workers.contains(&id));
+        let released = self.registry.remove(id, queue);
+        assert_eq!(released, last_ref, "remove({id}, {queue:?}) refcount disagrees with the model");
+        if released && config().channel_for(queue).is_ok() {
             assert!(self.model.listening.remove(queue), "UNLISTEN of {queue:?} never LISTENed");
         }
         if let Some(workers) = self.model.routes.get_mut(queue) {

@@ -20,8 +20,7 @@ impl Registry {
             .or_default()
             .insert(queue.to_owned());
         let routed = self.queues.entry(queue.to_owned()).or_default();
-        routed.insert(worker);
-        routed.len() == 1
+        routed.insert(worker) && routed.len() == 1
     }
 
     /// Drops one worker's ref; true when the queue has no worker left (UNLISTEN it).

@@ -69,10 +69,7 @@ impl ListenerConfig {
             return Err(ListenError::NameTooLong { channel, bytes });
         }
         if channel.contains('\0') {
-            return Err(ListenError::Failed {
-                channel,
-                reason: "the name contains a NUL byte".into(),
-            });
+            return Err(ListenError::ContainsNul { channel });
         }
         Ok(channel)
     }
@@ -96,6 +93,10 @@ pub enum ListenError {
         channel: String,
         bytes: usize,
     },
+    /// PostgreSQL identifiers cannot contain NUL.
+    ContainsNul {
+        channel: String,
+    },
     /// The engine stopped (or ended) before the LISTEN ran.
     Stopped,
     /// [`StandaloneListener::ensure_listening`] gave up waiting; the request
@@ -118,6 +119,9 @@ impl fmt::Display for ListenError {
                 "channel name {channel:?} is {bytes} bytes; PostgreSQL truncates channel names \
                  to {MAX_CHANNEL_BYTES} bytes, so distinct queues would collide"
             ),
+            Self::ContainsNul { channel } => {
+                write!(f, "channel name {channel:?} contains a NUL byte")
+            }
             Self::Stopped => f.write_str("the listener stopped before LISTEN ran"),
             Self::Timeout => f.write_str("timed out waiting for LISTEN to run"),
             Self::Failed { channel, reason } => write!(f, "LISTEN {channel:?} failed: {reason}"),
@@ -126,6 +130,16 @@ impl fmt::Display for ListenError {
 }
 
 impl std::error::Error for ListenError {}
+
+impl ListenError {
+    /// The queue name itself can never be LISTENed (as opposed to a transient failure).
+    pub fn is_invalid_name(&self) -> bool {
+        matches!(
+            self,
+            Self::EmptyName | Self::NameTooLong { .. } | Self::ContainsNul { .. }
+        )
+    }
+}
 
 /// Where a listen answer goes: an async caller's oneshot or a blocking caller's channel.
 pub(crate) enum Reply {
@@ -339,7 +353,7 @@ mod tests {
         assert!(bare.channel_for(&"€".repeat(22)).is_err());
         assert!(matches!(
             bare.channel_for("a\0b"),
-            Err(ListenError::Failed { .. })
+            Err(ListenError::ContainsNul { .. })
         ));
     }
 }
