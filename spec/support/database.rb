@@ -31,10 +31,23 @@ module TestDatabase
     with { |conn| conn.exec_params("select pg_notify($1, $2)", ["#{prefix}#{queue}#{suffix}", payload]) }
   end
 
+  # Rows tagged application_name in pg_stat_activity, once the count holds
+  # still for 0.2 s: backends of an earlier example may still be closing.
   def census(application_name = "pgbus-listen")
-    with do |conn|
-      conn.exec_params("select count(*) from pg_stat_activity where application_name = $1",
-                       [application_name]).getvalue(0, 0).to_i
+    read = lambda do
+      with do |conn|
+        conn.exec_params("select count(*) from pg_stat_activity where application_name = $1",
+                         [application_name]).getvalue(0, 0).to_i
+      end
+    end
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    count = read.call
+    loop do
+      sleep 0.2
+      again = read.call
+      return again if again == count || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      count = again
     end
   end
 

@@ -1,0 +1,62 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+require_relative "support/database"
+
+# The pgbus glue against both stand-in shapes (each in its own child process,
+# zeitwerk-lazy and eager-loaded, pgbus-hub required before and after pgbus):
+# the config attribute and its exact errors, the doctor clause, Instance
+# wiring (hub -> our native HubClient + FailoverListener with pgbus's ack
+# formula and WakeMessage class; no socket -> pgbus's own Listener), failover,
+# and pgbus's #382 MasterHub backed by the native hub.
+RSpec.describe "pgbus integration" do
+  before { skip "no PostgreSQL" unless TestDatabase.available? }
+
+  HINT = "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)"
+  BASE = "1 direct LISTEN connection(s) pinned (scope=supervisor; capsules share it)"
+
+  def probe(shape, eager:, hub_first:)
+    standin = File.join(ROOT, "spec/support/pgbus_standin", shape, "lib")
+    out, err, status = Open3.capture3({ "PGBUS_STANDIN_EAGER" => eager ? "1" : "0", "PGBUS_STREAMS_HUB_SOCKET" => nil },
+                                      RbConfig.ruby, "-I", File.join(ROOT, "lib"), "-I", standin,
+                                      File.join(ROOT, "spec/support/pgbus_standin/probe.rb"), TestDatabase.url,
+                                      hub_first ? "hub-first" : "pgbus-first")
+    expect(status).to be_success, err
+    JSON.parse(out.lines.last)
+  end
+
+  %w[pre382 v382].product([false, true], [false, true]).each do |shape, eager, hub_first|
+    it "#{shape} (eager: #{eager}, pgbus-hub required #{hub_first ? 'first' : 'second'})" do
+      r = probe(shape, eager: eager, hub_first: hub_first)
+      expect(r["shape"]).to eq(shape)
+      expect(r["installed"]).to eq(shape == "pre382" ? %w[configuration doctor instance_legacy] : %w[instance_382 master_hub])
+      expect(r["default_scope"]).to eq("master")
+      expect(r["errors"]).to eq(["Invalid streams_listen_scope type: Integer. #{HINT}",
+                                 "Invalid streams_listen_scope: :nope. #{HINT}",
+                                 "Invalid streams_listen_scope: :bogus. #{HINT}"])
+      expect(r["string_scope"]).to eq("process")
+      expect(r["doctor_process"]).to eq("#{BASE} + 1 per web-server process (streams)")
+      expect(r["doctor_master"]).to eq("#{BASE} + 1 per web host (streams master hub; per-worker fallback during " \
+                                       "a hub outage costs 1 per web process)")
+      expect(r["doctor_disabled"]).to eq(BASE)
+      expect(r["no_socket_listener"]).to eq("Pgbus::Web::Streamer::Listener")
+      expect(r["hub_listener"]).to eq("Pgbus::Hub::FailoverListener")
+      expect(r["ack_timeout"]).to eq(2.25) # health_check_ms 250 / 1000 + 2.0
+      expect(r["subscribe"]).to eq("done")
+      expect(r["hub_workers"]).to eq(1)
+      expect(r["failed_over"]).to be(true)
+      expect(r["socket_left"]).to be(false)
+      if shape == "pre382"
+        expect(r["ephemeral"]).to eq({ "queue_name" => "pgbus_probe" }) # old WakeMessage: durable wake
+        expect(r["durable_after_failover"]).to eq({ "queue_name" => "pgbus_probe" })
+      else
+        expect(r["ephemeral"]).to eq({ "queue_name" => "pgbus_probe", "payload" => "eph" })
+        expect(r["durable_after_failover"]).to eq({ "queue_name" => "pgbus_probe", "payload" => nil })
+        expect(r["pgbus_master_hub_native"]).to eq("Pgbus::Hub::MasterHub")
+        expect(r["pgbus_master_hub_dropped"]).to eq(0)
+        expect(r["pgbus_master_hub_socket_left"]).to be(false)
+      end
+    end
+  end
+end

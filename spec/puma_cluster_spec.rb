@@ -1,0 +1,48 @@
+# frozen_string_literal: true
+
+require_relative "support/puma_apps/e2e_helpers"
+
+# A real `puma -C` cluster (4 workers, preload_app!), real PostgreSQL, real
+# sockets: for standalone and both pgbus shapes, in both $LOAD_PATH orders of
+# the two puma/plugin/pgbus_streams.rb files (and zeitwerk eager loading),
+# exactly ONE pgbus-listen connection serves every worker, a NOTIFY reaches
+# every worker, and stop leaves no socket, no process and runs pgbus's teardown.
+RSpec.describe "Puma cluster on one LISTEN connection", :puma do
+  include PumaE2E
+
+  before { skip "no PostgreSQL at #{PumaCluster::DATABASE_URL}" unless PumaE2E.database_available? }
+  after { stop_clusters }
+
+  [
+    { mode: :standalone },
+    { mode: :pgbus, shape: "pre382", order: :ours_first },
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first },
+    { mode: :pgbus, shape: "pre382", order: :ours_first, eager: true },
+    { mode: :pgbus, shape: "v382", order: :ours_first },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first, eager: true },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first, plugins: "pgbus_streams,pgbus_hub" },
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first, plugins: "pgbus_hub" }
+  ].each do |options|
+    it "census 1 for 4 subscribed workers, wakes everywhere, clean stop: #{options}" do
+      c = cluster(**options)
+      c.wait_log(/master hub listening at/)
+      stream = unique_stream
+      subs = c.subscribe_all(stream)
+      expect(subs.values.map { |s| s["listener"] }.uniq).to eq(["Pgbus::Hub::FailoverListener"])
+      expect(subs.values.map { |s| s["result"] }.uniq).to eq(["done"])
+      expect(c.census_settles_at(1)).to eq(1)
+      expect_wake_everywhere(c, subs.keys, stream, "<p>hi #{stream}</p>")
+      expect(c.hub_info).to include("running" => true)
+      expect(c.hub_info["stats"]).to include("workers" => 4, "channels" => 1)
+      socket = c.socket_path
+      expect(File.socket?(socket)).to be(true)
+      c.stop
+      expect(c.stopped_cleanly?).to be(true)
+      expect(File.exist?(socket)).to be(false)
+      expect(c.final_log.scan(/master hub at \S+ stopped/).size).to eq(1)
+      expect(c.final_log).to match(/\[Pgbus::Streamer\] reset! \(pid \d+\)/) if options[:mode] == :pgbus
+      expect(c.final_log).not_to match(/failed to start|Error|raised/)
+    end
+  end
+end

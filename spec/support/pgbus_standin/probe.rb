@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+# Runs in a child process with one stand-in shape on $LOAD_PATH (tests only):
+#   ruby -I lib -I spec/support/pgbus_standin/<shape>/lib probe.rb DATABASE_URL [hub-first]
+# Prints one JSON report of the pgbus seams as pgbus-hub wired them.
+require "json"
+order = ARGV[1] == "hub-first" ? ["pgbus/hub", "pgbus"] : ["pgbus", "pgbus/hub"]
+order.each { |lib| require lib }
+Pgbus::Hub::PgbusIntegration.install! # what the plugin / before_fork hook does when pgbus came second
+Pgbus.logger = Logger.new(File::NULL)
+report = { shape: Pgbus::STANDIN_SHAPE, installed: Pgbus::Hub::PgbusIntegration.installed }
+config = Pgbus.configuration
+report[:default_scope] = config.streams_listen_scope
+report[:errors] = [42, "nope", :bogus].map do |value|
+  config.streams_listen_scope = value
+  nil
+rescue Pgbus::ConfigurationError => e
+  e.message
+end
+config.streams_listen_scope = "process"
+report[:string_scope] = config.streams_listen_scope
+config.streams_enabled = true
+config.database_url = ARGV[0]
+report[:doctor_process] = Pgbus::Doctor.new.checks.first.detail
+config.streams_listen_scope = :master
+report[:doctor_master] = Pgbus::Doctor.new.checks.first.detail
+config.streams_enabled = false
+report[:doctor_disabled] = Pgbus::Doctor.new.checks.first.detail
+config.streams_enabled = true
+
+local = Pgbus::Web::Streamer::Instance.new
+report[:no_socket_listener] = local.listener.class.name
+local.shutdown!
+
+path = File.join(Dir.tmpdir, "pgbus-hub-probe-#{Process.pid}.sock")
+hub = Pgbus::Hub::SharedHub.start(socket_path: path, settings: Pgbus::Hub::PgbusIntegration.settings, logger: nil)
+ENV["PGBUS_STREAMS_HUB_SOCKET"] = path
+got = Queue.new
+# Bounded: re-NOTIFY every 0.5 s (a concurrent suite may terminate pgbus-listen backends).
+deliver = lambda do |payload|
+  20.times do
+    PG.connect(ARGV[0]) { |c| c.exec_params("select pg_notify('pgmq.q_pgbus_probe.INSERT', $1)", [payload]) }
+    deadline = Time.now + 0.5
+    sleep 0.01 while got.empty? && Time.now < deadline
+    return got.pop.to_h unless got.empty?
+  end
+  nil
+end
+Pgbus::Web::Streamer.on_wake = ->(m) { got << m }
+instance = Pgbus::Web::Streamer.current
+report[:hub_listener] = instance.listener.class.name
+report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client).instance_variable_get(:@ack_timeout)
+report[:subscribe] = instance.subscribe("probe")
+report[:ephemeral] = deliver.call("eph")
+report[:hub_workers] = hub.stats[:workers]
+Pgbus::Hub::SharedHub.stop
+deadline = Time.now + 5
+sleep 0.05 until instance.listener.failed_over? || Time.now > deadline
+report[:failed_over] = instance.listener.failed_over?
+got.clear
+report[:durable_after_failover] = deliver.call("")
+report[:socket_left] = File.exist?(path)
+if defined?(Pgbus::Web::Streamer::MasterHub)
+  ruby_hub = Pgbus::Web::Streamer::MasterHub.new(config: config, socket_path: "#{path}.2").start
+  report[:pgbus_master_hub_native] = ruby_hub.native_hub.class.name
+  report[:pgbus_master_hub_dropped] = ruby_hub.dropped_durable_wakes
+  ruby_hub.stop
+  report[:pgbus_master_hub_socket_left] = File.exist?("#{path}.2")
+end
+Pgbus::Web::Streamer.reset!
+puts JSON.generate(report)

@@ -1,0 +1,35 @@
+# frozen_string_literal: true
+
+# STAND-IN for pgbus 0.13.1 (#382) (tests only; see ../../README.md).
+require "zeitwerk"
+require "logger"
+require "pg"
+require "set"
+
+module Pgbus
+  STANDIN_SHAPE = "v382"
+
+  class Error < StandardError; end
+  class ConfigurationError < Error; end
+
+  class << self
+    attr_writer :logger
+
+    def configuration
+      @configuration ||= Configuration.new
+    end
+
+    def configure
+      yield configuration
+    end
+
+    def logger
+      @logger ||= Logger.new($stdout, progname: "pgbus")
+    end
+  end
+end
+
+loader = Zeitwerk::Loader.for_gem(warn_on_extra_files: false)
+loader.ignore("#{__dir__}/puma")
+loader.setup
+loader.eager_load if ENV["PGBUS_STANDIN_EAGER"] == "1"

@@ -1,0 +1,68 @@
+# frozen_string_literal: true
+
+# E2E rack app (tests only). Per process: GET /sub?q=STREAM&hold=SECONDS
+# subscribes (pgbus: Streamer.current.subscribe; standalone: Pgbus::Hub.listener)
+# and reports {pid, listener, result}; every wake is appended to
+# $PGBUS_E2E_STATE_DIR/wakes-<pid>.log as JSON [queue, payload].
+require "json"
+
+state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
+database_url = ENV.fetch("PGBUS_E2E_DATABASE_URL")
+scope = ENV.fetch("PGBUS_E2E_SCOPE", "master")
+record = lambda do |queue, payload|
+  File.open(File.join(state_dir, "wakes-#{Process.pid}.log"), "a") { |f| f.puts(JSON.generate([queue, payload])) }
+end
+
+if ENV.fetch("PGBUS_E2E_MODE") == "pgbus"
+  # Gemfile order: pgbus-hub before or after pgbus.
+  libs = ENV["PGBUS_E2E_HUB_FIRST"] == "1" ? ["pgbus/hub", "pgbus"] : ["pgbus", "pgbus/hub"]
+  libs.each { |lib| require lib }
+  Pgbus.configure do |c|
+    c.streams_enabled = true
+    c.database_url = database_url
+    c.streams_listen_health_check_ms = 100
+    c.streams_listen_scope = scope if ENV["PGBUS_E2E_SET_SCOPE"] == "1"
+  end
+  Pgbus.logger.level = Logger::INFO
+  Pgbus::Web::Streamer.on_wake = ->(m) { record.call(m.queue_name, m.respond_to?(:payload) ? m.payload : nil) }
+  subscribe = lambda do |stream|
+    instance = Pgbus::Web::Streamer.current
+    [instance.listener.class.name, instance.subscribe(stream)]
+  end
+else
+  require "pgbus/hub"
+  require "logger"
+  Pgbus::Hub.configure do |c|
+    c.connection = database_url
+    c.listen_scope = scope
+    c.channel_prefix = ""
+    c.channel_suffix = ""
+    c.health_check_ms = 100
+    c.logger = Logger.new($stdout)
+  end
+  listeners = {}
+  lock = Mutex.new
+  subscribe = lambda do |queue|
+    listener = lock.synchronize do
+      listeners[Process.pid] ||= begin
+        wakes = Queue.new
+        Thread.new { loop { m = wakes.pop; record.call(m.queue_name, m.payload) } }
+        Pgbus::Hub.listener(dispatch_queue: wakes)
+      end
+    end
+    [listener.class.name, listener.ensure_listening(queue)]
+  end
+end
+
+run lambda { |env|
+  req = Rack::Request.new(env)
+  body = case req.path
+         when "/sub"
+           listener, result = subscribe.call(req.params.fetch("q"))
+           sleep Float(req.params.fetch("hold", "0"))
+           { pid: Process.pid, listener: listener, result: result }
+         else
+           { pid: Process.pid }
+         end
+  [200, { "content-type" => "application/json" }, [JSON.generate(body)]]
+}

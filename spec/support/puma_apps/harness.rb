@@ -1,0 +1,220 @@
+# frozen_string_literal: true
+
+require "json"
+require "net/http"
+require "socket"
+require "tmpdir"
+require "fileutils"
+require "rbconfig"
+require "pg"
+
+# A real `puma -C config.rb` cluster for the e2e specs, in its own process
+# group so every Puma process it leaves behind can be found and killed.
+class PumaCluster
+  ROOT = File.expand_path("../../..", __dir__)
+  PUMA = ENV.fetch("PGBUS_E2E_PUMA", "/usr/bin/puma")
+  DATABASE_URL = ENV.fetch("PGBUS_HUB_E2E_DATABASE_URL", "host=127.0.0.1 dbname=pgbus_hub_test")
+
+  attr_reader :pid, :state_dir, :port, :options
+
+  # mode: :pgbus or :standalone; shape: "pre382" / "v382"; order: :ours_first / :pgbus_first
+  def initialize(mode:, shape: nil, order: :ours_first, workers: 4, preload: true, plugins: "pgbus_streams",
+                 scope: nil, fork_worker: false, eager: false, env: {})
+    @options = { mode: mode, shape: shape, order: order, workers: workers, preload: preload, plugins: plugins,
+                 scope: scope, fork_worker: fork_worker, eager: eager }
+    @extra_env = env
+  end
+
+  def start
+    @state_dir = Dir.mktmpdir("pgbus-e2e")
+    @port = free_port
+    @log_path = File.join(@state_dir, "puma.log")
+    @pid = Process.spawn(environment, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "config.rb"),
+                         chdir: @state_dir, pgroup: true, in: File::NULL, out: @log_path, err: %i[child out])
+    wait_for("puma to serve /pid", timeout: 30) { get("/pid") }
+    self
+  rescue StandardError
+    stop
+    raise
+  end
+
+  def environment
+    ours = File.join(ROOT, "lib")
+    libs = [ours]
+    if @options[:mode] == :pgbus
+      standin = File.join(ROOT, "spec/support/pgbus_standin", @options[:shape], "lib")
+      libs = @options[:order] == :pgbus_first ? [standin, ours] : [ours, standin]
+    end
+    {
+      "RUBYLIB" => libs.join(File::PATH_SEPARATOR), # survives the hot-restart exec
+      "PGBUS_E2E_MODE" => @options[:mode].to_s,
+      "PGBUS_E2E_PORT" => @port.to_s,
+      "PGBUS_E2E_STATE_DIR" => @state_dir,
+      "PGBUS_E2E_DATABASE_URL" => DATABASE_URL,
+      "PGBUS_E2E_WORKERS" => @options[:workers].to_s,
+      "PGBUS_E2E_PRELOAD" => @options[:preload] ? "1" : "0",
+      "PGBUS_E2E_FORK_WORKER" => @options[:fork_worker] ? "1" : "0",
+      "PGBUS_E2E_PLUGINS" => @options[:plugins],
+      "PGBUS_E2E_SCOPE" => (@options[:scope] || "master").to_s,
+      "PGBUS_E2E_SET_SCOPE" => @options[:scope] ? "1" : "0",
+      "PGBUS_STANDIN_EAGER" => @options[:eager] ? "1" : "0",
+      "PGBUS_HUB_BOOT_POLL" => "0.1",
+      "PGBUS_HUB_BOOT_DEADLINE" => "3",
+      "PGBUS_STREAMS_HUB_SOCKET" => nil
+    }.merge(@extra_env)
+  end
+
+  def log
+    File.exist?(@log_path.to_s) ? File.read(@log_path) : ""
+  end
+
+  def wait_log(pattern, timeout: 15, count: 1)
+    wait_for("log #{pattern.inspect} x#{count}", timeout: timeout) { log.scan(pattern).size >= count }
+  end
+
+  def get(path, timeout: 5)
+    http = Net::HTTP.new("127.0.0.1", @port)
+    http.open_timeout = 1
+    http.read_timeout = timeout
+    response = http.get(path)
+    response.is_a?(Net::HTTPOK) ? JSON.parse(response.body) : nil
+  rescue SystemCallError, IOError, Net::OpenTimeout, Net::ReadTimeout, EOFError
+    nil
+  end
+
+  # Concurrent held requests (threads 1,1 per worker) until `count` distinct
+  # worker pids have subscribed to `stream`. Bounded: 15 rounds.
+  def subscribe_all(stream, count: @options[:workers], hold: 0.4)
+    seen = {}
+    15.times do
+      responses = Array.new(count) { Thread.new { get("/sub?q=#{stream}&hold=#{hold}") } }.map(&:value).compact
+      responses.each { |r| seen[r["pid"]] = r }
+      return seen if seen.size >= count
+    end
+    raise "only #{seen.size}/#{count} workers subscribed: #{seen.keys}"
+  end
+
+  def wakes(pid)
+    path = File.join(@state_dir, "wakes-#{pid}.log")
+    File.exist?(path) ? File.readlines(path).map { |line| JSON.parse(line) } : []
+  end
+
+  def hub_info(master = @pid)
+    JSON.parse(File.read(File.join(@state_dir, "hub-#{master}.json")))
+  rescue Errno::ENOENT, JSON::ParserError
+    nil
+  end
+
+  def signal(name, target = @pid)
+    Process.kill(name, target)
+  end
+
+  def socket_path
+    File.join(Dir.tmpdir, "pgbus-streams-hub-#{@pid}.sock")
+  end
+
+  def group_pids
+    Dir.glob("/proc/[0-9]*/stat").filter_map do |stat|
+      fields = File.read(stat).split(") ").last.split
+      stat[%r{/proc/(\d+)/}, 1].to_i if fields[2].to_i == @pid && fields[0] != "Z"
+    rescue Errno::ENOENT, Errno::ESRCH
+      nil
+    end
+  end
+
+  def worker_pids
+    group_pids - [@pid]
+  end
+
+  # pgbus-listen backends whose client socket belongs to THIS cluster's
+  # processes (TCP client ports mapped through /proc), so concurrent test
+  # runs on the same PostgreSQL cannot skew the figure.
+  def census
+    ports = local_ports(group_pids)
+    rows = PG.connect(DATABASE_URL) do |conn|
+      conn.exec("select client_port from pg_stat_activity where application_name = 'pgbus-listen'").values.flatten
+    end
+    rows.count { |port| ports.include?(port.to_i) }
+  end
+
+  def census_settles_at(expected, timeout: 15)
+    wait_for("census == #{expected} (is #{census})", timeout: timeout) { census == expected }
+    sleep 0.5
+    census
+  end
+
+  def stop(deadline: 20)
+    return unless @pid
+
+    begin
+      Process.kill("TERM", @pid)
+    rescue Errno::ESRCH
+      nil
+    end
+    stopped = wait_until(deadline) { Process.waitpid(@pid, Process::WNOHANG) }
+    unless stopped
+      kill_group("KILL")
+      Process.waitpid(@pid) rescue nil # rubocop:disable Style/RescueModifier
+    end
+    wait_until(5) { group_pids.empty? } || kill_group("KILL")
+    wait_until(5) { group_pids.empty? }
+    @stopped_cleanly = stopped ? true : false
+  ensure
+    @final_log = log
+    @pid = nil if @pid && !stopped.nil?
+  end
+
+  def stopped_cleanly?
+    @stopped_cleanly
+  end
+
+  def final_log
+    @final_log || log
+  end
+
+  def cleanup
+    FileUtils.rm_rf(@state_dir) if @state_dir
+  end
+
+  private
+
+  def kill_group(signal)
+    Process.kill(signal, -@pid)
+  rescue Errno::ESRCH, Errno::EPERM
+    nil
+  end
+
+  def free_port
+    server = TCPServer.new("127.0.0.1", 0)
+    server.addr[1]
+  ensure
+    server&.close
+  end
+
+  def local_ports(pids)
+    inodes = pids.flat_map do |p|
+      Dir.glob("/proc/#{p}/fd/*").filter_map { |fd| File.readlink(fd)[/\Asocket:\[(\d+)\]\z/, 1] rescue nil } # rubocop:disable Style/RescueModifier
+    end.to_set
+    %w[/proc/net/tcp /proc/net/tcp6].flat_map do |table|
+      File.exist?(table) ? File.readlines(table).drop(1) : []
+    end.filter_map do |line|
+      fields = line.split
+      fields[1].split(":").last.to_i(16) if inodes.include?(fields[9])
+    end.to_set
+  end
+
+  def wait_until(timeout)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    loop do
+      result = yield
+      return result if result
+      return nil if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+  end
+
+  def wait_for(what, timeout:, &block)
+    wait_until(timeout, &block) || raise("timed out after #{timeout}s waiting for #{what}\n--- puma log ---\n#{log[-4000..] || log}")
+  end
+end
