@@ -2,9 +2,8 @@
 //! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
 
 use crate::errors::{invalid_queue, panicked, unavailable};
-use crate::logs::LogPump;
 use crate::nogvl::nogvl;
-use crate::pump::Pump;
+use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient};
 use pgbus_hub_core::log::LogSink;
@@ -15,8 +14,7 @@ use std::time::Duration;
 #[magnus::wrap(class = "Pgbus::Hub::HubClient")]
 pub struct RbHubClient {
     client: Mutex<Option<Arc<HubClient>>>,
-    pump: Mutex<Option<Arc<Pump>>>,
-    logs: Mutex<Option<Arc<LogPump>>>,
+    outputs: Outputs,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,8 +58,7 @@ impl RbHubClient {
             .ok_or_else(|| panicked(ruby, "HubClient#connect"))?
             .map_err(|e| client_error(ruby, e))?;
         *lock(&rb_self.client) = Some(Arc::new(client));
-        *lock(&rb_self.pump) = Some(Arc::new(Pump::new(receiver)));
-        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
+        rb_self.outputs.open(receiver, records);
         Ok(())
     }
 
@@ -98,23 +95,16 @@ impl RbHubClient {
         if let Some(client) = rb_self.client() {
             nogvl(move || client.stop(), || {}).ok_or_else(|| panicked(ruby, "HubClient#stop"))?;
         }
-        for pump in lock(&rb_self.pump).iter() {
-            pump.close();
-        }
-        for logs in lock(&rb_self.logs).iter() {
-            logs.close();
-        }
+        rb_self.outputs.close();
         Ok(())
     }
 
     fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        let pump = lock(&rb_self.pump).clone();
-        pump.map_or(Ok(None), |pump| pump.next_batch(ruby))
+        rb_self.outputs.next_batch(ruby)
     }
 
     fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        let logs = lock(&rb_self.logs).clone();
-        logs.map_or(Ok(None), |logs| logs.next(ruby))
+        rb_self.outputs.next_logs(ruby)
     }
 }
 

@@ -3,10 +3,9 @@
 //! lib/pgbus/hub/listener.rb owns the keywords, pump and log threads.
 
 use crate::errors::{hub_error, invalid_queue, panicked};
-use crate::logs::LogPump;
 use crate::nogvl::nogvl;
 use crate::options::listener_config;
-use crate::pump::Pump;
+use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
 use pgbus_hub_core::listener::StandaloneListener;
 use pgbus_hub_core::log::LogSink;
@@ -18,8 +17,7 @@ use std::time::Duration;
 pub struct RbListener {
     /// RwLock: concurrent ensure_listening calls (one per request thread) share it; stop takes it alone.
     listener: Mutex<Option<Arc<RwLock<StandaloneListener>>>>,
-    pump: Mutex<Option<Arc<Pump>>>,
-    logs: Mutex<Option<Arc<LogPump>>>,
+    outputs: Outputs,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -51,8 +49,7 @@ impl RbListener {
         let listener = StandaloneListener::start(config, deliveries)
             .map_err(|e| hub_error(ruby, format!("cannot start the listener thread: {e}")))?;
         *lock(&rb_self.listener) = Some(Arc::new(RwLock::new(listener)));
-        *lock(&rb_self.pump) = Some(Arc::new(Pump::new(receiver)));
-        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
+        rb_self.outputs.open(receiver, records);
         Ok(())
     }
 
@@ -114,23 +111,16 @@ impl RbListener {
             )
             .ok_or_else(|| panicked(ruby, "Listener#stop"))?;
         }
-        for pump in lock(&rb_self.pump).iter() {
-            pump.close();
-        }
-        for logs in lock(&rb_self.logs).iter() {
-            logs.close();
-        }
+        rb_self.outputs.close();
         Ok(())
     }
 
     fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        let pump = lock(&rb_self.pump).clone();
-        pump.map_or(Ok(None), |pump| pump.next_batch(ruby))
+        rb_self.outputs.next_batch(ruby)
     }
 
     fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        let logs = lock(&rb_self.logs).clone();
-        logs.map_or(Ok(None), |logs| logs.next(ruby))
+        rb_self.outputs.next_logs(ruby)
     }
 }
 

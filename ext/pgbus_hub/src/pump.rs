@@ -3,10 +3,13 @@
 //! interrupted by Thread#kill / stop through the receiver's `Interrupter`.
 
 use crate::errors::panicked;
+use crate::logs::LogPump;
 use crate::nogvl::nogvl;
 use magnus::{Error, RArray, Ruby};
 use pgbus_hub_core::delivery::{Delivery, DeliveryReceiver};
+use pgbus_hub_core::log::Record;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Wakes handed to Ruby per batch: bounds how long one batch holds the GVL
@@ -54,5 +57,47 @@ impl Pump {
             }
         }
         Ok(Some(array))
+    }
+}
+
+/// The two streams a native source (HubClient, Listener) hands to its Ruby
+/// threads: wakes for the pump thread and log records for the log thread.
+#[derive(Default)]
+pub struct Outputs(Mutex<Option<(Arc<Pump>, Arc<LogPump>)>>);
+
+impl Outputs {
+    fn get(&self) -> Option<(Arc<Pump>, Arc<LogPump>)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub fn open(&self, deliveries: DeliveryReceiver, records: crossbeam_channel::Receiver<Record>) {
+        let outputs = (
+            Arc::new(Pump::new(deliveries)),
+            Arc::new(LogPump::new(records)),
+        );
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outputs);
+    }
+
+    /// Ends both Ruby threads (their next call returns nil).
+    pub fn close(&self) {
+        if let Some((pump, logs)) = self.get() {
+            pump.close();
+            logs.close();
+        }
+    }
+
+    pub fn next_batch(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
+        self.get()
+            .map_or(Ok(None), |(pump, _)| pump.next_batch(ruby))
+    }
+
+    pub fn next_logs(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
+        self.get().map_or(Ok(None), |(_, logs)| logs.next(ruby))
     }
 }
