@@ -15,6 +15,14 @@ module TestDatabase
     PG.connect(url)
   end
 
+  # The test database's connection (URL or keywords) as a libpq keyword
+  # string with some keywords replaced, e.g. keywords(host: "127.0.0.1").
+  def keywords(**overrides)
+    given = PG::Connection.conninfo_parse(url).select { |o| o[:val] }.to_h { |o| [o[:keyword].to_sym, o[:val]] }
+    given.merge(overrides.transform_values(&:to_s))
+         .map { |key, value| "#{key}='#{value.gsub(/['\\]/) { |c| "\\#{c}" }}'" }.join(" ")
+  end
+
   def available?
     return @available unless @available.nil?
 

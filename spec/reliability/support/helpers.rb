@@ -31,10 +31,7 @@ module Rel
   end
 
   def url
-    @url ||= begin
-      base = TestDatabase.url
-      base.include?("dbname=") ? base.sub(/dbname=\S+/, "dbname=#{DB}") : "#{base} dbname=#{DB}"
-    end
+    @url ||= TestDatabase.keywords(dbname: DB)
   end
 
   def ensure_database!

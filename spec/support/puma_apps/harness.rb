@@ -7,13 +7,14 @@ require "tmpdir"
 require "fileutils"
 require "rbconfig"
 require "pg"
+require_relative "../database"
 
 # A real `puma -C config.rb` cluster for the e2e specs, in its own process
 # group so every Puma process it leaves behind can be found and killed.
 class PumaCluster
   ROOT = File.expand_path("../../..", __dir__)
   PUMA = ENV.fetch("PGBUS_E2E_PUMA", "/usr/bin/puma")
-  DATABASE_URL = ENV.fetch("PGBUS_HUB_E2E_DATABASE_URL", "host=127.0.0.1 dbname=pgbus_hub_test")
+  DATABASE_URL = ENV.fetch("PGBUS_HUB_E2E_DATABASE_URL") { TestDatabase.keywords(host: "127.0.0.1") }
 
   attr_reader :pid, :state_dir, :port, :options
 
