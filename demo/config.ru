@@ -1,0 +1,191 @@
+# frozen_string_literal: true
+
+# The demo app (bin/demo). Per worker: one Pgbus::Hub.listener (hub client with
+# fail-over, or a local listener), one dispatcher thread fanning its wakes to
+# the worker's open SSE connections.
+#   GET  /streams/:topic    Server-Sent Events (hijacked socket), one event per wake
+#   POST /broadcast/:topic  NOTIFY topic (empty body: durable) / pg_notify(topic, body)
+#   GET  /stats.json        census + hub stats + this worker's listener
+#   GET  /                  the live page
+require "json"
+require "logger"
+require "pg"
+require "pgbus/hub"
+
+DATABASE_URL = ENV.fetch("DEMO_DATABASE_URL")
+Pgbus::Hub.configure do |c|
+  c.connection = DATABASE_URL
+  c.listen_scope = ENV.fetch("DEMO_SCOPE", "master")
+  c.channel_prefix = ""
+  c.channel_suffix = ""
+  c.health_check_ms = 100
+  c.logger = Logger.new($stdout, level: Logger::INFO)
+end
+
+# Everything that must not cross fork: built lazily, once per worker pid.
+class DemoWorker
+  TOPIC = /\A[a-z0-9_]{1,40}\z/.freeze
+
+  def self.current
+    @lock ||= Mutex.new
+    @lock.synchronize do
+      @instances ||= {}
+      @instances[Process.pid] ||= new
+    end
+  end
+
+  attr_reader :listener
+
+  def initialize
+    @wakes = Queue.new
+    @streams = Hash.new { |h, k| h[k] = [] } # topic => [io]
+    @lock = Mutex.new
+    @db_lock = Mutex.new
+    @delivered = 0
+    @listener = Pgbus::Hub.listener(dispatch_queue: @wakes)
+    @dispatcher = Thread.new { dispatch_loop }
+    @ticker = Thread.new { loop { sleep 15; @wakes << :tick } }
+  end
+
+  # Hijacks the socket, registers it, LISTENs (through the hub), then sends
+  # a "ready" event: everything NOTIFYed after that event reaches this stream.
+  def stream(env, topic)
+    env["rack.hijack"].call
+    io = env["rack.hijack_io"]
+    io.write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
+             "X-Accel-Buffering: no\r\nConnection: close\r\n\r\n")
+    @lock.synchronize { @streams[topic] << io }
+    result = @listener.ensure_listening(topic)
+    send_event(io, "ready", { pid: Process.pid, topic: topic, listen: result.to_s, listener: listener_kind })
+  rescue StandardError
+    drop(io) if io
+  end
+
+  def broadcast(topic, body)
+    @db_lock.synchronize do
+      @db = nil if @db&.finished?
+      @db ||= PG.connect(DATABASE_URL)
+      if body.empty?
+        @db.exec("NOTIFY #{@db.quote_ident(topic)}")
+      else
+        @db.exec_params("select pg_notify($1, $2)", [topic, body])
+      end
+    rescue PG::Error
+      @db&.close rescue nil # rubocop:disable Style/RescueModifier
+      @db = nil
+      raise
+    end
+  end
+
+  def census
+    @db_lock.synchronize do
+      @db = nil if @db&.finished?
+      @db ||= PG.connect(DATABASE_URL)
+      @db.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen'").getvalue(0, 0).to_i
+    end
+  end
+
+  def listener_kind
+    return "local (own connection)" if @listener.is_a?(Pgbus::Hub::Listener)
+
+    @listener.failed_over? ? "failed over (own connection)" : "hub"
+  end
+
+  def info
+    { pid: Process.pid, listener: listener_kind, open_streams: @lock.synchronize { @streams.values.sum(&:size) },
+      delivered: @delivered }
+  end
+
+  private
+
+  def dispatch_loop
+    loop do
+      wake = @wakes.pop
+      if wake == :tick
+        each_stream(nil) { |io| write(io, ": keepalive\n\n") }
+        next
+      end
+      data = { pid: Process.pid, topic: wake.queue_name, payload: wake.payload, durable: wake.payload.nil?,
+               at: Process.clock_gettime(Process::CLOCK_REALTIME) }
+      each_stream(wake.queue_name) { |io| send_event(io, "wake", data) && (@delivered += 1) }
+    rescue StandardError => e
+      warn "[demo] dispatcher: #{e.class}: #{e.message}"
+    end
+  end
+
+  def each_stream(topic, &block)
+    ios = @lock.synchronize { topic ? @streams[topic].dup : @streams.values.flatten }
+    ios.each(&block)
+  end
+
+  def send_event(io, name, data)
+    write(io, "event: #{name}\ndata: #{JSON.generate(data)}\n\n")
+  end
+
+  # Never blocks the dispatcher: a client that cannot take the bytes now is dropped.
+  def write(io, chunk)
+    @lock.synchronize do
+      written = io.write_nonblock(chunk, exception: false)
+      raise IOError, "slow client" unless written == chunk.bytesize
+    end
+    true
+  rescue StandardError
+    drop(io)
+    false
+  end
+
+  def drop(io)
+    @lock.synchronize { @streams.each_value { |list| list.delete(io) } }
+    io.close unless io.closed?
+  rescue StandardError
+    nil
+  end
+end
+
+PAGE = File.read(File.join(__dir__, "index.html"))
+
+def json(status, body)
+  [status, { "content-type" => "application/json", "cache-control" => "no-cache" }, [JSON.generate(body)]]
+end
+
+def stats_body
+  worker = DemoWorker.current
+  socket = ENV.fetch(Pgbus::Hub::DEFAULT_SOCKET_ENV, nil)
+  hub = begin
+    Pgbus::Hub.stats(socket_path: socket, timeout: 1.0)
+  rescue Pgbus::Hub::HubUnavailableError => e
+    { error: e.message }
+  end
+  { census: worker.census, scope: Pgbus::Hub.configuration.listen_scope, socket: socket, hub: hub,
+    worker: worker.info }
+end
+
+run lambda { |env|
+  method = env["REQUEST_METHOD"]
+  path = env["PATH_INFO"]
+  case [method, path]
+  in ["GET", "/"]
+    [200, { "content-type" => "text/html; charset=utf-8", "cache-control" => "no-cache" }, [PAGE]]
+  in ["GET", "/health"]
+    json(200, { pid: Process.pid })
+  in ["GET", "/stats.json"]
+    json(200, stats_body)
+  in ["GET", %r{\A/streams/([^/]+)\z}]
+    topic = path.split("/").last
+    next json(400, { error: "bad topic" }) unless topic.match?(DemoWorker::TOPIC)
+
+    DemoWorker.current.stream(env, topic)
+    [200, {}, []] # ignored: the socket was hijacked
+  in ["POST", %r{\A/broadcast/([^/]+)\z}]
+    topic = path.split("/").last
+    next json(400, { error: "bad topic" }) unless topic.match?(DemoWorker::TOPIC)
+
+    body = env["rack.input"].read.to_s.force_encoding(Encoding::UTF_8)
+    next json(400, { error: "payload must be UTF-8, at most 7999 bytes" }) unless body.valid_encoding? && body.bytesize < 8000
+
+    DemoWorker.current.broadcast(topic, body)
+    json(200, { pid: Process.pid, topic: topic, durable: body.empty? })
+  else
+    json(404, { error: "not found" })
+  end
+}
