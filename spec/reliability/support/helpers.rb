@@ -52,8 +52,8 @@ module Rel
     @sql ||= PG.connect(url)
   end
 
-  def notify(queue, payload = "", conn: sql)
-    conn.exec_params("select pg_notify($1, $2)", ["pgmq.q_#{queue}.INSERT", payload])
+  def notify(queue, payload = "", conn: sql, prefix: "pgmq.q_", suffix: ".INSERT")
+    conn.exec_params("select pg_notify($1, $2)", ["#{prefix}#{queue}#{suffix}", payload])
   end
 
   # pgbus-listen backends of OUR database (the census).

@@ -1,17 +1,22 @@
 # frozen_string_literal: true
 
-# E2E rack app (tests only). Per process: GET /sub?q=STREAM&hold=SECONDS
+# E2E rack app (tests only). Per process: GET /sub?q=STREAM[,STREAM...]&hold=SECONDS
 # subscribes (pgbus: Streamer.current.subscribe; standalone: Pgbus::Hub.listener)
-# and reports {pid, listener, result}; every wake is appended to
-# $PGBUS_E2E_STATE_DIR/wakes-<pid>.log as JSON [queue, payload].
+# and reports {pid, listener, result}; `bg=Q1,Q2` then subscribes those in a
+# background thread after the response (a worker killed mid-subscription).
+# Every wake is appended to $PGBUS_E2E_STATE_DIR/wakes-<pid>.log as JSON
+# [queue, payload, CLOCK_MONOTONIC], every subscription's outcome to
+# subs-<pid>.log as [queue, result, CLOCK_MONOTONIC].
 require "json"
 
 state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
 database_url = ENV.fetch("PGBUS_E2E_DATABASE_URL")
 scope = ENV.fetch("PGBUS_E2E_SCOPE", "master")
-record = lambda do |queue, payload|
-  File.open(File.join(state_dir, "wakes-#{Process.pid}.log"), "a") { |f| f.puts(JSON.generate([queue, payload])) }
+append = lambda do |kind, row|
+  row << Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  File.open(File.join(state_dir, "#{kind}-#{Process.pid}.log"), "a") { |f| f.syswrite("#{JSON.generate(row)}\n") }
 end
+record = ->(queue, payload) { append.call("wakes", [queue, payload]) }
 
 if ENV.fetch("PGBUS_E2E_MODE") == "pgbus"
   # Gemfile order: pgbus-hub before or after pgbus.
@@ -58,7 +63,15 @@ run lambda { |env|
   req = Rack::Request.new(env)
   body = case req.path
          when "/sub"
-           listener, result = subscribe.call(req.params.fetch("q"))
+           listener = result = nil
+           req.params.fetch("q").split(",").each do |queue|
+             listener, result = subscribe.call(queue)
+             append.call("subs", [queue, result.to_s])
+           end
+           background = req.params.fetch("bg", "").split(",")
+           unless background.empty?
+             Thread.new { background.each { |queue| append.call("subs", [queue, subscribe.call(queue).last.to_s]) } }
+           end
            sleep Float(req.params.fetch("hold", "0"))
            { pid: Process.pid, listener: listener, result: result }
          else

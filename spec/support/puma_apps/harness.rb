@@ -32,6 +32,7 @@ class PumaCluster
     @log_path = File.join(@state_dir, "puma.log")
     @pid = Process.spawn(environment, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "config.rb"),
                          chdir: @state_dir, pgroup: true, in: File::NULL, out: @log_path, err: %i[child out])
+    @socket_to_clean = socket_path
     wait_for("puma to serve /pid", timeout: 30) { get("/pid") }
     self
   rescue StandardError
@@ -84,26 +85,58 @@ class PumaCluster
   end
 
   # Concurrent held requests (threads 1,1 per worker) until `count` distinct
-  # worker pids have subscribed to `stream`. Bounded: 15 rounds.
-  def subscribe_all(stream, count: @options[:workers], hold: 0.4)
+  # worker pids have subscribed to `stream`. Bounded: 15 rounds. `own: true`
+  # adds a queue of its own to every request ("<stream>_own_<n>"), so each
+  # worker also holds channels no other worker shares.
+  def subscribe_all(stream, count: @options[:workers], hold: 0.4, own: false)
     seen = {}
     15.times do
-      responses = Array.new(count) { Thread.new { get("/sub?q=#{stream}&hold=#{hold}") } }.map(&:value).compact
+      responses = Array.new(count) do
+        queues = own ? "#{stream},#{stream}_own_#{@own_seq = (@own_seq || 0) + 1}" : stream
+        Thread.new { get("/sub?q=#{queues}&hold=#{hold}") }
+      end.map(&:value).compact
       responses.each { |r| seen[r["pid"]] = r }
       return seen if seen.size >= count
     end
     raise "only #{seen.size}/#{count} workers subscribed: #{seen.keys}"
   end
 
+  # [queue, payload] of every wake worker `pid` recorded.
   def wakes(pid)
-    path = File.join(@state_dir, "wakes-#{pid}.log")
-    File.exist?(path) ? File.readlines(path).map { |line| JSON.parse(line) } : []
+    wake_records(pid).first.map { |queue, payload, _t| [queue, payload] }
+  end
+
+  # [[queue, payload, CLOCK_MONOTONIC], ...] recorded from byte `from` on, and
+  # the offset to read on from (cheap polling of a large wake log).
+  def wake_records(pid, from: 0)
+    records_of("wakes", pid, from)
+  end
+
+  # Queues worker `pid` subscribed to and got :done for (its acked subscriptions).
+  def acked_subs(pid)
+    records_of("subs", pid, 0).first.filter_map { |queue, result, _t| queue if result == "done" }.uniq
   end
 
   def hub_info(master = @pid)
     JSON.parse(File.read(File.join(@state_dir, "hub-#{master}.json")))
   rescue Errno::ENOENT, JSON::ParserError
     nil
+  end
+
+  def records_of(kind, pid, from)
+    File.open(File.join(@state_dir, "#{kind}-#{pid}.log")) do |f|
+      f.seek(from)
+      rows = []
+      while (line = f.gets)
+        break unless line.end_with?("\n") # a record still being written: read it next time
+
+        rows << JSON.parse(line)
+        from = f.pos
+      end
+      [rows, from]
+    end
+  rescue Errno::ENOENT
+    [[], from]
   end
 
   def signal(name, target = @pid)
@@ -173,8 +206,11 @@ class PumaCluster
     @final_log || log
   end
 
+  # Removes the state dir, and the hub socket if a master that died without
+  # its teardown (kill -9) left it behind.
   def cleanup
     FileUtils.rm_rf(@state_dir) if @state_dir
+    FileUtils.rm_f(@socket_to_clean) if @socket_to_clean && group_pids.empty? && File.socket?(@socket_to_clean)
   end
 
   private
