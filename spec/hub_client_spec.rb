@@ -121,6 +121,39 @@ RSpec.describe Pgbus::Hub::HubClient do
       raise "wake did not arrive"
     end
 
+    # The pump thread reads the socket itself (no native reader thread), so
+    # acks depend on it getting the GVL back between batches. Busy Ruby
+    # threads plus a wake storm must still leave every ack well inside
+    # ack_timeout, and lose no wake.
+    it "acks every sub while busy Ruby threads hold the GVL and a wake storm flows" do
+      queue = Queue.new
+      failed = false
+      c = client(socket_path, queue: queue, on_failure: -> { failed = true }).connect
+      expect(c.ensure_listening("storm")).to eq(:done)
+      stop_at = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 3
+      busy = Array.new(2) do
+        Thread.new { nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < stop_at }
+      end
+      storm = Thread.new do
+        TestDatabase.with do |conn|
+          5.times do
+            conn.exec("select pg_notify('pgmq.q_storm.INSERT', 'x' || i) from generate_series(1, 400) i")
+          end
+        end
+      end
+      acks = Array.new(20) do |i|
+        t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        expect(c.ensure_listening("busy_#{i}")).to eq(:done)
+        Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+      end
+      [storm, *busy].each(&:join)
+      received = 0
+      Timeout.timeout(10) { (received += 1 if queue.pop.queue_name == "storm") while received < 2000 }
+      expect(failed).to be(false)
+      expect(c).not_to be_dead
+      puts format("  [acks under GVL contention + storm: max %.1f ms over 20 subs]", acks.max * 1000)
+    end
+
     it "fires on_failure once and releases a waiter when the hub is SIGKILLed" do
       failures = Queue.new
       c = client(socket_path, on_failure: -> { failures << Thread.current }).connect

@@ -27,7 +27,7 @@ module DirectBaseline
     end
 
     def start
-      @conn = PG.connect(@url.include?("application_name") ? @url : "#{@url} fallback_application_name=pgbus-listen")
+      @conn = PG.connect(@url, fallback_application_name: "pgbus-listen") # URL or keywords
       @thread = Thread.new { run }
       self
     end

@@ -94,7 +94,7 @@ module RubyHubBaseline
     end
 
     def start
-      @conn = PG.connect(@url.include?("application_name") ? @url : "#{@url} fallback_application_name=pgbus-listen")
+      @conn = PG.connect(@url, fallback_application_name: "pgbus-listen") # URL or keywords
       @thread = Thread.new { run }
       self
     end

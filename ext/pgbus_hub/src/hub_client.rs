@@ -48,17 +48,17 @@ impl RbHubClient {
         let ack_timeout = Duration::try_from_secs_f64(ack_timeout)
             .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
         let (log, records) = LogSink::channel();
-        let (deliveries, receiver) = pgbus_hub_core::delivery::channel();
         let config = ClientConfig {
             socket_path: socket_path.into(),
             ack_timeout,
             log,
         };
-        let client = nogvl(move || HubClient::connect(config, deliveries), || {})
+        // Driven: the Ruby pump thread reads the socket itself (no reader thread).
+        let (client, reader) = nogvl(move || HubClient::connect_driven(config), || {})
             .ok_or_else(|| panicked(ruby, "HubClient#connect"))?
             .map_err(|e| client_error(ruby, e))?;
         *lock(&rb_self.client) = Some(Arc::new(client));
-        rb_self.outputs.open(receiver, records);
+        rb_self.outputs.open(Arc::new(reader), records);
         Ok(())
     }
 

@@ -49,7 +49,7 @@ impl RbListener {
         let listener = StandaloneListener::start(config, deliveries)
             .map_err(|e| hub_error(ruby, format!("cannot start the listener thread: {e}")))?;
         *lock(&rb_self.listener) = Some(Arc::new(RwLock::new(listener)));
-        rb_self.outputs.open(receiver, records);
+        rb_self.outputs.open(Arc::new(receiver), records);
         Ok(())
     }
 

@@ -1,12 +1,13 @@
-//! Hands wakes from native threads to the Ruby pump thread (see
-//! lib/pgbus/hub/pump.rb): `next_batch` waits without the GVL and is
-//! interrupted by Thread#kill / stop through the receiver's `Interrupter`.
+//! Hands wakes from native code to the Ruby pump thread (see
+//! lib/pgbus/hub/pump.rb): `next_batch` waits without the GVL on a
+//! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
+//! interrupted by Thread#kill / stop through `WakeSource::interrupt`.
 
 use crate::errors::panicked;
 use crate::logs::LogPump;
 use crate::nogvl::nogvl;
 use magnus::{Error, RArray, Ruby};
-use pgbus_hub_core::delivery::{Delivery, DeliveryReceiver};
+use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::Record;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,14 +21,14 @@ const BATCH: usize = 512;
 const POLL: Duration = Duration::from_millis(500);
 
 pub struct Pump {
-    receiver: DeliveryReceiver,
+    source: Arc<dyn WakeSource>,
     closed: AtomicBool,
 }
 
 impl Pump {
-    pub fn new(receiver: DeliveryReceiver) -> Self {
+    pub fn new(source: Arc<dyn WakeSource>) -> Self {
         Self {
-            receiver,
+            source,
             closed: AtomicBool::new(false),
         }
     }
@@ -35,15 +36,14 @@ impl Pump {
     /// After this, `next_batch` returns nil (the pump thread ends).
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        self.receiver.interrupter().interrupt();
+        self.source.interrupt();
     }
 
     /// `[[queue, payload_or_nil], ..., [:failed, reason]]` or nil when closed.
     pub fn next_batch(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
-        let interrupter = self.receiver.interrupter();
         let batch = nogvl(
-            || self.receiver.next_batch(BATCH, POLL),
-            || interrupter.interrupt(),
+            || self.source.next_batch(BATCH, POLL),
+            || self.source.interrupt(),
         )
         .ok_or_else(|| panicked(ruby, "the wake pump"))?;
         if batch.items.is_empty() && (batch.closed || self.closed.load(Ordering::SeqCst)) {
@@ -63,41 +63,48 @@ impl Pump {
 /// The two streams a native source (HubClient, Listener) hands to its Ruby
 /// threads: wakes for the pump thread and log records for the log thread.
 #[derive(Default)]
-pub struct Outputs(Mutex<Option<(Arc<Pump>, Arc<LogPump>)>>);
+pub struct Outputs {
+    pump: Mutex<Option<Arc<Pump>>>,
+    logs: Mutex<Option<Arc<LogPump>>>,
+}
+
+fn current<T>(slot: &Mutex<Option<Arc<T>>>) -> Option<Arc<T>> {
+    slot.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
+
+fn replace<T>(slot: &Mutex<Option<Arc<T>>>, value: Option<Arc<T>>) -> Option<Arc<T>> {
+    std::mem::replace(
+        &mut *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
+        value,
+    )
+}
 
 impl Outputs {
-    fn get(&self) -> Option<(Arc<Pump>, Arc<LogPump>)> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    pub fn open(&self, wakes: Arc<dyn WakeSource>, records: crossbeam_channel::Receiver<Record>) {
+        replace(&self.pump, Some(Arc::new(Pump::new(wakes))));
+        replace(&self.logs, Some(Arc::new(LogPump::new(records))));
     }
 
-    pub fn open(&self, deliveries: DeliveryReceiver, records: crossbeam_channel::Receiver<Record>) {
-        let outputs = (
-            Arc::new(Pump::new(deliveries)),
-            Arc::new(LogPump::new(records)),
-        );
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outputs);
-    }
-
-    /// Ends both Ruby threads (their next call returns nil).
+    /// Ends both Ruby threads (their next call returns nil). The wake source
+    /// is released here, not at GC, once the pump thread's last call returns
+    /// (a hub client's source holds an eventfd); the log pump stays until
+    /// its records are drained.
     pub fn close(&self) {
-        if let Some((pump, logs)) = self.get() {
+        if let Some(pump) = replace(&self.pump, None) {
             pump.close();
+        }
+        if let Some(logs) = current(&self.logs) {
             logs.close();
         }
     }
 
     pub fn next_batch(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
-        self.get()
-            .map_or(Ok(None), |(pump, _)| pump.next_batch(ruby))
+        current(&self.pump).map_or(Ok(None), |pump| pump.next_batch(ruby))
     }
 
     pub fn next_logs(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
-        self.get().map_or(Ok(None), |(_, logs)| logs.next(ruby))
+        current(&self.logs).map_or(Ok(None), |logs| logs.next(ruby))
     }
 }

@@ -2,9 +2,18 @@
 //!
 //! `ensure_listening` writes `sub` and blocks until the hub acks (the LISTEN
 //! is active), so the no-lost-wake contract crosses the process boundary.
-//! One native reader thread decodes the hub's frames: wakes go to the
+//! Whoever reads the socket decodes the hub's frames: wakes go to the
 //! [`DeliverySender`] (per-queue order preserved), acks release waiters,
-//! `status` records the hub's health.
+//! `status` records the hub's health. Two ways to read:
+//! - [`HubClient::connect`]: a native reader thread (Rust callers, tests);
+//! - [`HubClient::connect_driven`]: no thread; the embedder's pump thread
+//!   calls [`DrivenReader::next_batch`], which polls the socket itself. The
+//!   gem uses this: a wake costs one thread wake-up instead of two (reader
+//!   thread, then pump thread), and a Ruby process that stops draining its
+//!   wakes pushes back on the hub (drops, then eviction) instead of growing
+//!   an in-process queue. Acks are resolved inside the same wait, so they
+//!   need the pump thread to be running: a pump stuck in Ruby for longer
+//!   than `ack_timeout` makes `ensure_listening` time out (and fail over).
 //!
 //! Failure model (pgbus 0.13.1's): never retry, never reconnect. The first of
 //! EOF, reset, a protocol error from the hub, an ack timeout or a stalled write
@@ -16,7 +25,7 @@
 //! Fork: a client inherited by a forked child is inert there. It reports dead
 //! and never writes to, shuts down or joins the parent's socket and thread.
 
-use crate::delivery::{Delivery, DeliverySender};
+use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
 use crate::log::LogSink;
 use crate::process::Owner;
 use crate::protocol::{Decoder, Message, Object};
@@ -24,8 +33,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read};
+use std::mem::ManuallyDrop;
 use std::net::Shutdown;
-use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -124,6 +134,7 @@ struct State {
 }
 
 struct Inner {
+    socket_path: PathBuf,
     ack_timeout: Duration,
     log: LogSink,
     deliveries: DeliverySender,
@@ -174,43 +185,17 @@ fn unavailable(message: impl Into<String>) -> ClientError {
     ClientError::Unavailable(message.into())
 }
 
+fn unreachable_at(socket_path: &std::path::Path, why: String) -> ClientError {
+    unavailable(format!(
+        "cannot reach master hub at {}: {why}",
+        socket_path.display()
+    ))
+}
+
 impl HubClient {
     /// Connects and starts the reader thread.
     pub fn connect(config: ClientConfig, deliveries: DeliverySender) -> Result<Self, ClientError> {
-        let ClientConfig {
-            socket_path,
-            ack_timeout,
-            log,
-        } = config;
-        let unreachable = |why: String| {
-            unavailable(format!(
-                "cannot reach master hub at {}: {why}",
-                socket_path.display()
-            ))
-        };
-        let length = socket_path.as_os_str().len();
-        if length == 0 {
-            return Err(unreachable("the socket path is empty".into()));
-        }
-        if length >= SUN_PATH_BYTES {
-            return Err(unreachable(format!(
-                "the socket path is {length} bytes; a Unix socket path must be shorter than {SUN_PATH_BYTES} bytes (sun_path)"
-            )));
-        }
-        let stream = UnixStream::connect(&socket_path).map_err(|e| unreachable(e.to_string()))?;
-        let raw_fd = stream.as_raw_fd();
-        let inner = Arc::new(Inner {
-            ack_timeout,
-            log,
-            deliveries,
-            stream: RwLock::new(Some(stream)),
-            raw_fd,
-            fd_open: AtomicBool::new(true),
-            write_lock: Mutex::new(()),
-            state: Mutex::new(State::default()),
-            dead: AtomicBool::new(false),
-            healthy: AtomicBool::new(true),
-        });
+        let inner = Inner::connect(config, deliveries)?;
         let (exited_sender, exited) = crossbeam_channel::bounded::<()>(0);
         let reader_inner = Arc::clone(&inner);
         let spawned = thread::Builder::new()
@@ -228,8 +213,31 @@ impl HubClient {
             }),
             // The closure (and its Arc) is dropped, so `inner` is the last
             // owner: dropping it closes the socket.
-            Err(e) => Err(unreachable(format!("cannot start the reader thread: {e}"))),
+            Err(e) => Err(inner.unreachable(format!("cannot start the reader thread: {e}"))),
         }
+    }
+
+    /// Connects without a reader thread: the returned [`DrivenReader`] reads
+    /// the socket whenever its caller waits for wakes (see the module doc).
+    pub fn connect_driven(config: ClientConfig) -> Result<(Self, DrivenReader), ClientError> {
+        let (deliveries, receiver) = delivery::channel();
+        let inner = Inner::connect(config, deliveries)?;
+        let wakeup = Wakeup::new()
+            .map_err(|e| inner.unreachable(format!("cannot create the wake-up eventfd: {e}")))?;
+        let owner = Owner::current();
+        let reader = DrivenReader {
+            inner: ManuallyDrop::new(Arc::clone(&inner)),
+            receiver: ManuallyDrop::new(receiver),
+            frames: Mutex::new(FrameReader::new()),
+            wakeup,
+            owner,
+        };
+        let client = Self {
+            inner,
+            owner,
+            reader: Mutex::new(None),
+        };
+        Ok((client, reader))
     }
 
     /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active).
@@ -348,23 +356,24 @@ impl HubClient {
         }
         let deadline = Instant::now() + STOP_JOIN_TIMEOUT;
         self.inner.kill(STOPPED.to_owned(), Outcome::Stopped, false);
-        let Some(reader) = lock(&self.reader).take() else {
-            return;
-        };
-        match reader.exited.recv_deadline(deadline) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                let _ = reader.handle.join();
-                self.inner.close(deadline);
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                // Cannot happen short of a wedged kernel: shutdown(2) ends the
-                // read. Leave the thread detached; the socket closes with it.
-                self.inner.log.warn(format!(
-                    "{LOG_PREFIX} reader did not exit within {}s of stop; detached",
-                    seconds(STOP_JOIN_TIMEOUT)
-                ));
+        // None with a driven reader (its poll ends at shutdown(2), like a read).
+        if let Some(reader) = lock(&self.reader).take() {
+            match reader.exited.recv_deadline(deadline) {
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                    let _ = reader.handle.join();
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    // Cannot happen short of a wedged kernel: shutdown(2) ends the
+                    // read. Leave the thread detached; the socket closes with it.
+                    self.inner.log.warn(format!(
+                        "{LOG_PREFIX} reader did not exit within {}s of stop; detached",
+                        seconds(STOP_JOIN_TIMEOUT)
+                    ));
+                    return;
+                }
             }
         }
+        self.inner.close(deadline);
     }
 }
 
@@ -399,6 +408,43 @@ impl Drop for HubClient {
 }
 
 impl Inner {
+    fn connect(config: ClientConfig, deliveries: DeliverySender) -> Result<Arc<Self>, ClientError> {
+        let ClientConfig {
+            socket_path,
+            ack_timeout,
+            log,
+        } = config;
+        let unreachable = |why: String| unreachable_at(&socket_path, why);
+        let length = socket_path.as_os_str().len();
+        if length == 0 {
+            return Err(unreachable("the socket path is empty".into()));
+        }
+        if length >= SUN_PATH_BYTES {
+            return Err(unreachable(format!(
+                "the socket path is {length} bytes; a Unix socket path must be shorter than {SUN_PATH_BYTES} bytes (sun_path)"
+            )));
+        }
+        let stream = UnixStream::connect(&socket_path).map_err(|e| unreachable(e.to_string()))?;
+        let raw_fd = stream.as_raw_fd();
+        Ok(Arc::new(Inner {
+            socket_path,
+            ack_timeout,
+            log,
+            deliveries,
+            stream: RwLock::new(Some(stream)),
+            raw_fd,
+            fd_open: AtomicBool::new(true),
+            write_lock: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            dead: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+        }))
+    }
+
+    fn unreachable(&self, why: String) -> ClientError {
+        unreachable_at(&self.socket_path, why)
+    }
+
     /// The error for a call on a dead client.
     fn unavailable_now(&self) -> ClientError {
         let reason = lock(&self.state)
@@ -576,6 +622,51 @@ impl Inner {
         Some(stream.read(buffer))
     }
 
+    /// The driven reader's wait: polls the socket and `wakeup` for at most
+    /// `timeout`, then reads what is there. The stream stays read-locked
+    /// throughout, so `stop` cannot close (and the kernel reuse) the fd under
+    /// the poll; its shutdown(2) ends the poll at once.
+    fn read_when_ready(&self, buffer: &mut [u8], wakeup: &Wakeup, timeout: Duration) -> Ready {
+        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        let Some(stream) = stream
+            .as_ref()
+            .filter(|_| !self.dead.load(Ordering::Acquire))
+        else {
+            return Ready::Closed;
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            wakeup.poll_fd(),
+        ];
+        match poll_for(&mut fds, timeout) {
+            0 => Ready::TimedOut,
+            _ if fds[1].revents != 0 => Ready::Interrupted,
+            _ if fds[0].revents != 0 => {
+                // SAFETY: fd is open (we hold the stream); buffer is valid.
+                // MSG_DONTWAIT: never block with the stream lock held.
+                let got = unsafe {
+                    libc::recv(
+                        stream.as_raw_fd(),
+                        buffer.as_mut_ptr().cast(),
+                        buffer.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                Ready::Read(if got < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(got as usize)
+                })
+            }
+            // EINTR: the caller's loop polls again.
+            _ => Ready::Read(Err(io::ErrorKind::Interrupted.into())),
+        }
+    }
+
     /// Handles one decoded frame; Err(reason) kills the client.
     fn handle_frame(&self, object: Object) -> Result<(), String> {
         let message =
@@ -657,19 +748,102 @@ fn describe_kind(message: &Message) -> String {
     }
 }
 
+/// What the driven reader's wait ended with.
+enum Ready {
+    Read(io::Result<usize>),
+    Interrupted,
+    TimedOut,
+    /// Stopped or dead: nothing more will be read.
+    Closed,
+}
+
+/// poll(2) for at most `timeout` (rounded up to whole ms: never a busy spin);
+/// the number of ready descriptors, or -1 (EINTR and the like).
+fn poll_for(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
+    let timeout_ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid slice of pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) }
+}
+
+/// What one read did to the client.
+enum Step {
+    Continue,
+    /// The client was already dead or stopped.
+    Closed,
+    /// The transport died: this is why.
+    Died(String),
+}
+
+/// The decoding half of reading, shared by the reader thread and the driven
+/// reader: partial frames carry over between reads.
+struct FrameReader {
+    decoder: Decoder,
+    buffer: Vec<u8>,
+}
+
+impl FrameReader {
+    fn new() -> Self {
+        Self {
+            decoder: Decoder::new(),
+            buffer: vec![0u8; READ_CHUNK_BYTES],
+        }
+    }
+
+    /// Handles what one read of `self.buffer` returned.
+    fn absorb(&mut self, inner: &Inner, read: io::Result<usize>) -> Step {
+        if inner.dead.load(Ordering::Acquire) {
+            return Step::Closed;
+        }
+        let count = match read {
+            Ok(0) if self.decoder.has_partial_frame() => {
+                return Step::Died("master hub closed the transport mid-frame".into())
+            }
+            Ok(0) => return Step::Died("master hub closed the transport".into()),
+            Ok(count) => count,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                return Step::Continue
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Step::Died("master hub reset the transport".into())
+            }
+            Err(e) => return Step::Died(format!("master hub transport error: {e}")),
+        };
+        self.decoder.feed(&self.buffer[..count]);
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(object)) => {
+                    if let Err(reason) = inner.handle_frame(object) {
+                        return Step::Died(reason);
+                    }
+                }
+                Ok(None) => return Step::Continue,
+                Err(e) => return Step::Died(format!("master hub protocol error: {e}")),
+            }
+        }
+    }
+}
+
+/// The reason recorded when reading panicked (a bug; the client dies cleanly).
+fn crash_reason(panic: Box<dyn std::any::Any + Send>) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into());
+    format!("master hub reader crashed: {what}")
+}
+
 fn reader_main(inner: Arc<Inner>) {
     let result = panic::catch_unwind(AssertUnwindSafe(|| read_until_death(&inner)));
     let reason = match result {
         Ok(Some(reason)) => reason,
         Ok(None) => return,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".into());
-            format!("master hub reader crashed: {what}")
-        }
+        Err(panic) => crash_reason(panic),
     };
     // A no-op after stop (already dead), so a clean stop never reports.
     inner.mark_dead(reason);
@@ -678,36 +852,131 @@ fn reader_main(inner: Arc<Inner>) {
 /// Reads and handles frames until the transport ends. Some(reason) if it died,
 /// None if the client was already dead or stopped.
 fn read_until_death(inner: &Inner) -> Option<String> {
-    let mut decoder = Decoder::new();
-    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
+    let mut frames = FrameReader::new();
     loop {
-        let read = inner.read_some(&mut buffer)?;
-        if inner.dead.load(Ordering::Acquire) {
-            return None;
+        let read = inner.read_some(&mut frames.buffer)?;
+        match frames.absorb(inner, read) {
+            Step::Continue => {}
+            Step::Closed => return None,
+            Step::Died(reason) => return Some(reason),
         }
-        let count = match read {
-            Ok(0) if decoder.has_partial_frame() => {
-                return Some("master hub closed the transport mid-frame".into())
-            }
-            Ok(0) => return Some("master hub closed the transport".into()),
-            Ok(count) => count,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                return Some("master hub reset the transport".into())
-            }
-            Err(e) => return Some(format!("master hub transport error: {e}")),
-        };
-        decoder.feed(&buffer[..count]);
+    }
+}
+
+/// An eventfd that makes the driven reader's poll return (Ruby's unblock
+/// function, `stop` of the pump). Level-triggered until `clear`.
+struct Wakeup(OwnedFd);
+
+impl Wakeup {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn poll_fd(&self) -> libc::pollfd {
+        libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }
+    }
+
+    /// Async-signal-safe and callable from any thread.
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64; EAGAIN (counter full) is fine.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64; EAGAIN (not signalled) is fine.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+}
+
+/// The hub client's wakes, read by the caller's thread (see
+/// [`HubClient::connect_driven`]). One thread at a time waits in
+/// `next_batch`; `interrupt` may be called from any thread.
+pub struct DrivenReader {
+    // ManuallyDrop: in a forked child these are leaked (see Drop).
+    inner: ManuallyDrop<Arc<Inner>>,
+    receiver: ManuallyDrop<DeliveryReceiver>,
+    frames: Mutex<FrameReader>,
+    wakeup: Wakeup,
+    owner: Owner,
+}
+
+impl WakeSource for DrivenReader {
+    /// Returns wakes already decoded; otherwise polls the socket (resolving
+    /// acks, nacks and status on the way) until wakes arrive, `interrupt`,
+    /// or `timeout`. Once the client died or was stopped: what is left (a
+    /// death's one `Failed`), then `closed`.
+    fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
+        if !self.owner.is_current() {
+            return Batch {
+                closed: true,
+                ..Batch::default()
+            };
+        }
+        let deadline = Instant::now() + timeout;
+        let mut frames = lock(&self.frames);
         loop {
-            match decoder.next_frame() {
-                Ok(Some(object)) => {
-                    if let Err(reason) = inner.handle_frame(object) {
-                        return Some(reason);
+            let mut batch = Batch::default();
+            self.receiver.take_ready(&mut batch, max);
+            if !batch.items.is_empty() || batch.closed {
+                return batch;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let inner = &**self.inner;
+            match inner.read_when_ready(&mut frames.buffer, &self.wakeup, left) {
+                Ready::Read(read) => {
+                    let step = panic::catch_unwind(AssertUnwindSafe(|| frames.absorb(inner, read)))
+                        .unwrap_or_else(|panic| Step::Died(crash_reason(panic)));
+                    if let Step::Died(reason) = step {
+                        inner.mark_dead(reason); // queues `Failed` for the next pass
                     }
                 }
-                Ok(None) => break,
-                Err(e) => return Some(format!("master hub protocol error: {e}")),
+                Ready::Interrupted => {
+                    self.wakeup.clear();
+                    batch.interrupted = true;
+                    return batch;
+                }
+                Ready::TimedOut => return batch,
+                Ready::Closed => {
+                    // kill() marks the client dead and queues `Failed` under
+                    // the state lock: once we have held it, everything this
+                    // client will ever deliver is in the channel.
+                    drop(lock(&inner.state));
+                    self.receiver.take_ready(&mut batch, max);
+                    batch.closed = batch.items.is_empty();
+                    return batch;
+                }
             }
         }
+    }
+
+    fn interrupt(&self) {
+        self.wakeup.signal();
+    }
+}
+
+impl Drop for DrivenReader {
+    fn drop(&mut self) {
+        if self.owner.is_current() {
+            // SAFETY: each field is dropped once, here, and never used again.
+            unsafe {
+                ManuallyDrop::drop(&mut self.receiver);
+                ManuallyDrop::drop(&mut self.inner);
+            }
+        }
+        // Forked child: the channel's and the client's locks may have been
+        // held by parent threads at fork time; leak rather than touch them.
+        // (The eventfd is this process's own copy: closing it is harmless.)
     }
 }

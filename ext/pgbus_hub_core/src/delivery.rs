@@ -1,8 +1,10 @@
-//! Wakes (and a transport failure) handed from native threads to the embedding
-//! runtime. In the gem, one Ruby thread blocks in [`DeliveryReceiver::next_batch`]
+//! Wakes (and a transport failure) handed from native code to the embedding
+//! runtime. In the gem, one Ruby thread blocks in [`WakeSource::next_batch`]
 //! without the GVL and pushes each batch into pgbus's dispatch queue; the
-//! binding's unblock function calls [`Interrupter::interrupt`] so `Thread#kill`
-//! and `stop` never wait on it.
+//! binding's unblock function calls [`WakeSource::interrupt`] so `Thread#kill`
+//! and `stop` never wait on it. Two sources exist: this channel (filled by a
+//! native thread: the per-worker listener) and the hub client's
+//! [`crate::client::DrivenReader`] (the pump thread reads the socket itself).
 //!
 //! The channel is unbounded on purpose: an ephemeral wake is the only copy of
 //! its payload and must never be dropped here. Bounding happens upstream, per
@@ -40,6 +42,16 @@ pub struct Batch {
     pub interrupted: bool,
     /// Every sender is gone and the channel is drained: no more deliveries.
     pub closed: bool,
+}
+
+/// What a pump thread waits on. `Send + Sync`: `interrupt` is called from
+/// another thread (Ruby's unblock function) while `next_batch` blocks.
+pub trait WakeSource: Send + Sync {
+    /// Blocks until deliveries are ready, `interrupt` is called, or `timeout`
+    /// passes; returns at most `max` deliveries, in order.
+    fn next_batch(&self, max: usize, timeout: Duration) -> Batch;
+    /// Makes a blocked (or the next) `next_batch` return at once, `interrupted`.
+    fn interrupt(&self);
 }
 
 pub struct DeliveryReceiver {
@@ -87,19 +99,41 @@ impl DeliveryReceiver {
             recv(self.interrupts) -> _ => batch.interrupted = true,
             default(timeout) => {}
         }
-        while !batch.closed && batch.items.len() < max.max(1) {
-            match self.deliveries.try_recv() {
-                Ok(delivery) => batch.items.push(delivery),
-                // Disconnected with items in hand: report `closed` on the next call.
-                Err(_) => break,
-            }
+        if !batch.closed {
+            self.take_ready(&mut batch, max);
         }
         batch
+    }
+
+    /// Adds deliveries already waiting to `batch`, without blocking, until it
+    /// holds `max` (at least one). Never sets `closed` while items remain.
+    pub fn take_ready(&self, batch: &mut Batch, max: usize) {
+        while batch.items.len() < max.max(1) {
+            match self.deliveries.try_recv() {
+                Ok(delivery) => batch.items.push(delivery),
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                // Disconnected with items in hand: report `closed` on the next call.
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    batch.closed = batch.items.is_empty();
+                    break;
+                }
+            }
+        }
     }
 
     /// Like `next_batch` for one item, without interrupts (Rust callers and tests).
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
         self.deliveries.recv_timeout(timeout).ok()
+    }
+}
+
+impl WakeSource for DeliveryReceiver {
+    fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
+        DeliveryReceiver::next_batch(self, max, timeout)
+    }
+
+    fn interrupt(&self) {
+        self.interrupter.interrupt();
     }
 }
 

@@ -2,8 +2,8 @@
 
 mod support_hub;
 
-use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient};
-use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver};
+use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient};
+use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver, WakeSource};
 use pgbus_hub_core::log::{Level, LogSink, Record};
 use pgbus_hub_core::protocol::Message;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -684,9 +684,11 @@ fn thousand_connect_stop_cycles_leak_no_fds_or_threads() {
     }
     hub.wait_no_connections();
     wait_for("every reader thread to exit", || reader_thread_count() == 0);
-    println!("leak check: fds {fds} -> {}, reader threads 0", fd_count());
     // No growth. (Fewer is fine: another test's leftovers may close meanwhile.)
-    assert!(fd_count() <= fds, "fds grew: {fds} -> {}", fd_count());
+    // Waited for: the stub hub's per-connection threads close their ends
+    // just after the hub has forgotten the connection.
+    wait_for("fds back to the baseline", || fd_count() <= fds);
+    println!("leak check: fds {fds} -> {}, reader threads 0", fd_count());
     assert_eq!(receiver.recv_timeout(Duration::from_millis(50)), None);
 }
 
@@ -710,4 +712,152 @@ fn measure_ensure_listening_round_trip() {
         "ensure_listening round trip over 1000: p50 {:?}, p99 {:?}, max {:?}",
         samples[499], samples[989], samples[999]
     );
+}
+
+// ---- Driven reading (HubClient::connect_driven): the gem's mode, where the
+// caller's pump thread reads the socket. A test thread plays the pump.
+
+struct Driven {
+    hub: StubHub,
+    client: Arc<HubClient>,
+    reader: Arc<DrivenReader>,
+}
+
+fn driven(behaviour: Behaviour, ack_timeout: Duration) -> Driven {
+    let hub = StubHub::start(behaviour);
+    let config = ClientConfig {
+        ack_timeout,
+        ..ClientConfig::new(hub.path())
+    };
+    let (client, reader) = HubClient::connect_driven(config).expect("connect");
+    hub.wait_connections(1);
+    Driven {
+        hub,
+        client: Arc::new(client),
+        reader: Arc::new(reader),
+    }
+}
+
+/// A pump thread: every batch until `closed`, forwarded in order.
+fn pump(
+    reader: &Arc<DrivenReader>,
+) -> (
+    crossbeam_channel::Receiver<Delivery>,
+    thread::JoinHandle<()>,
+) {
+    let (sender, deliveries) = crossbeam_channel::unbounded();
+    let reader = Arc::clone(reader);
+    let handle = thread::spawn(move || loop {
+        let batch = reader.next_batch(64, Duration::from_millis(500));
+        for item in batch.items {
+            let _ = sender.send(item);
+        }
+        if batch.closed {
+            return;
+        }
+    });
+    (deliveries, handle)
+}
+
+#[test]
+fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
+    let _serial = shared();
+    let d = driven(Behaviour::default(), Duration::from_secs(2));
+    let (deliveries, pump_thread) = pump(&d.reader);
+    d.client
+        .ensure_listening("q")
+        .expect("acked by the pump's read");
+    let expected: Vec<Delivery> = (0..200)
+        .map(|i| Delivery::Wake {
+            queue: "q".into(),
+            payload: (i % 2 == 1).then(|| format!("p{i}")),
+        })
+        .collect();
+    for item in &expected {
+        let Delivery::Wake { queue, payload } = item else {
+            unreachable!()
+        };
+        d.hub.send(&wake(queue, payload.as_deref()));
+    }
+    let got: Vec<Delivery> = (0..200)
+        .map(|_| {
+            deliveries
+                .recv_timeout(Duration::from_secs(5))
+                .expect("wake")
+        })
+        .collect();
+    assert_eq!(got, expected);
+    d.client.stop();
+    pump_thread.join().unwrap();
+    assert!(deliveries.try_recv().is_err(), "stop sends no Failed");
+}
+
+#[test]
+fn driven_acks_need_a_running_pump() {
+    let _serial = shared();
+    // No thread calls next_batch: nobody reads the ack, so the wait times out
+    // (the documented cost of reading on the embedder's thread).
+    let d = driven(Behaviour::default(), Duration::from_millis(300));
+    let message = unavailable_message(d.client.ensure_listening("q"));
+    assert!(message.contains("ack timeout"), "{message}");
+    let batch = d.reader.next_batch(8, Duration::from_secs(1));
+    assert!(
+        matches!(&batch.items[..], [Delivery::Failed { reason }] if reason.contains("not received within"))
+    );
+    assert!(d.reader.next_batch(8, Duration::from_secs(1)).closed);
+}
+
+#[test]
+fn driven_interrupt_releases_a_blocked_wait_at_once() {
+    let _serial = shared();
+    let d = driven(Behaviour::default(), Duration::from_secs(2));
+    let reader = Arc::clone(&d.reader);
+    let started = Instant::now();
+    let waiting = thread::spawn(move || reader.next_batch(8, Duration::from_secs(30)));
+    thread::sleep(Duration::from_millis(50));
+    d.reader.interrupt();
+    let batch = waiting.join().unwrap();
+    assert!(batch.interrupted && batch.items.is_empty() && !batch.closed);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Cleared: the next wait is a real wait again, and the client still works.
+    let (_deliveries, pump_thread) = pump(&d.reader);
+    d.client.ensure_listening("q").expect("acked");
+    d.client.stop();
+    pump_thread.join().unwrap();
+}
+
+#[test]
+fn driven_hub_eof_is_one_failed_then_closed_and_stop_ends_a_blocked_pump() {
+    let _serial = shared();
+    let d = driven(never_ack(), Duration::from_secs(2));
+    let (deliveries, pump_thread) = pump(&d.reader);
+    d.hub.send(&wake("q", Some("before")));
+    d.hub.close_all();
+    assert_eq!(
+        deliveries.recv_timeout(Duration::from_secs(5)).ok(),
+        Some(Delivery::Wake {
+            queue: "q".into(),
+            payload: Some("before".into())
+        })
+    );
+    match deliveries.recv_timeout(Duration::from_secs(5)).ok() {
+        Some(Delivery::Failed { reason }) => {
+            assert!(reason.contains("closed the transport"), "{reason}")
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+    pump_thread.join().unwrap(); // the pump saw `closed` after Failed
+    assert!(deliveries.try_recv().is_err());
+    assert!(d.client.is_dead());
+
+    // A pump blocked in a long wait is released by stop (shutdown(2) ends the poll).
+    let d = driven(never_ack(), Duration::from_secs(2));
+    let reader = Arc::clone(&d.reader);
+    let waiting = thread::spawn(move || reader.next_batch(8, Duration::from_secs(30)));
+    thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    d.client.stop();
+    let batch = waiting.join().unwrap();
+    assert!(batch.closed && batch.items.is_empty(), "{batch:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
 }

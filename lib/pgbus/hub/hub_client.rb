@@ -3,9 +3,9 @@
 module Pgbus
   module Hub
     # A worker's connection to the master hub (ext/pgbus_hub/src/hub_client.rs).
-    # Native: the socket, its reader thread, ack waits (without the GVL).
-    # Here: keywords, the pump thread that fills dispatch_queue and calls
-    # on_failure, and the log thread.
+    # Native: the socket, frame decoding, ack waits (without the GVL).
+    # Here: keywords, the pump thread (it reads the socket in native code,
+    # fills dispatch_queue and calls on_failure), and the log thread.
     class HubClient
       HubUnavailableError = Pgbus::Hub::HubUnavailableError
 
