@@ -3,6 +3,7 @@
 require "tmpdir"
 require "json"
 require "open3"
+require "etc"
 require "rbconfig"
 require_relative "support/database"
 require_relative "support/ruby_hub_peer"
@@ -10,8 +11,10 @@ require_relative "support/ruby_hub_peer"
 RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
   let(:exe) { File.join(ROOT, "exe", "pgbus-hub") }
 
-  def status(*args)
-    out, st = Open3.capture2e({ "RUBYLIB" => File.join(ROOT, "lib") }, RbConfig.ruby, exe, "status", *args)
+  def status(*args, env: {}, as: nil)
+    env = { "RUBYLIB" => File.join(ROOT, "lib"), Pgbus::Hub::DEFAULT_SOCKET_ENV => nil }.merge(env)
+    as_user = as ? Etc.getpwnam(as).then { |pw| ["setpriv", "--reuid=#{pw.uid}", "--regid=#{pw.gid}", "--clear-groups"] } : []
+    out, st = Open3.capture2e(env, *as_user, RbConfig.ruby, exe, "status", *args)
     [out, st.exitstatus]
   end
 
@@ -21,7 +24,11 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url, socket_path: File.join(dir, "h.sock")).start
       wait_for("listener healthy") { hub.stats[:listener_healthy] }
       stats = Pgbus::Hub.stats(socket_path: hub.socket_path)
-      expect(stats).to include(listener_healthy: true, threads: 1, pid: Process.pid)
+      # the asking connection is not a worker
+      expect(stats).to include(listener_healthy: true, threads: 1, pid: Process.pid, workers: 0)
+      client = Pgbus::Hub::HubClient.new(socket_path: hub.socket_path, dispatch_queue: Queue.new).connect
+      wait_for("the worker counted") { hub.stats[:workers] == 1 }
+      expect(Pgbus::Hub.stats(socket_path: hub.socket_path)[:workers]).to eq(1)
       out, code = status("--socket", hub.socket_path, "--json", "--database-url", TestDatabase.url)
       expect(code).to eq(0), out
       report = JSON.parse(out)
@@ -29,6 +36,37 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       expect(report["census"]).to be >= 1
       out, code = status("--socket", hub.socket_path)
       expect([code, out]).to match([0, /healthy.*workers: \d+/m])
+    ensure
+      client&.stop
+      hub&.stop
+    end
+  end
+
+  it "says so when the hub refuses the asking uid (exit 2), and counts the refusal" do
+    skip "no PostgreSQL" unless TestDatabase.available?
+    skip "needs root and setpriv to ask as another uid" unless Process.uid.zero? && system("command -v setpriv >/dev/null")
+    Dir.mktmpdir do |dir|
+      File.chmod(0o755, dir)
+      hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url, socket_path: File.join(dir, "h.sock")).start
+      File.chmod(0o666, hub.socket_path) # let the other uid reach the hub's own check
+      out, code = status("--socket", hub.socket_path, env: { "RUBYLIB" => File.join(ROOT, "lib") }, as: "nobody")
+      expect([code, out]).to match([2, /no hub.*closed the connection without answering.*another uid/m])
+      wait_for("the refusal counted") { hub.stats[:rejected_peers] == 1 }
+    ensure
+      hub&.stop
+    end
+  end
+
+  it "finds the hub at the default path when no socket is given, and says so when there is none" do
+    skip "no PostgreSQL" unless TestDatabase.available?
+    Dir.mktmpdir do |dir|
+      out, code = status(env: { "TMPDIR" => dir })
+      expect([code, out]).to match([2, %r{no hub.*no socket given.*none at #{dir}/pgbus-streams-hub-\*\.sock}m])
+      hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url,
+                                      socket_path: File.join(dir, "pgbus-streams-hub-4242.sock")).start
+      wait_for("listener healthy") { hub.stats[:listener_healthy] }
+      out, code = status(env: { "TMPDIR" => dir })
+      expect([code, out]).to match([0, /pgbus-streams-hub-4242\.sock: healthy.*workers: 0/m])
     ensure
       hub&.stop
     end

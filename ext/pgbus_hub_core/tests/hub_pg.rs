@@ -284,6 +284,56 @@ fn sixteen_workers_share_one_listen_connection() {
     wait_until("census back", || fx.census() == before);
 }
 
+impl Peer {
+    /// Sends our `{"t":"stats"}` extension; returns the answer's `stats` object.
+    fn ask_stats(&mut self) -> serde_json::Map<String, serde_json::Value> {
+        let mut request = serde_json::Map::new();
+        request.insert("t".into(), "stats".into());
+        self.send(Message::Unknown(request));
+        match self.next_non_status() {
+            Some(Message::Unknown(mut reply)) if reply["t"] == "stats" => {
+                match reply.remove("stats") {
+                    Some(serde_json::Value::Object(stats)) => stats,
+                    other => panic!("stats answer without a stats object: {other:?}"),
+                }
+            }
+            other => panic!("expected a stats answer, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_stats_only_connection_is_not_counted_as_a_worker() {
+    let Some(fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("monitor")).unwrap();
+    let mut workers: Vec<Peer> = (0..4).map(|_| Peer::connect(&hub)).collect();
+    workers[0].subscribe("chat"); // subscribed or idle, a worker counts
+    let mut monitor = Peer::connect(&hub);
+    wait_until("5 connections accepted", || hub.stats().workers == 5);
+    let answer = monitor.ask_stats();
+    assert_eq!(answer["workers"], 4, "the asking connection is no worker");
+    assert_eq!(hub.stats().workers, 4, "nor while it stays connected");
+    let answer = monitor.ask_stats();
+    assert_eq!(answer["workers"], 4, "asking twice changes nothing");
+    assert_eq!(
+        workers[0].ask_stats()["workers"],
+        4,
+        "a subscribed worker that asks stays a worker"
+    );
+    workers[1].ask_stats();
+    assert_eq!(
+        hub.stats().workers,
+        3,
+        "an idle connection that asks is a monitor"
+    );
+    monitor.subscribe("chat"); // a monitor that subscribes is a worker again
+    assert_eq!(hub.stats().workers, 4);
+    drop(workers.remove(1));
+    drop(monitor);
+    wait_until("disconnects released", || hub.stats().workers == 3);
+    assert_eq!(hub.stats().channels, 1);
+}
+
 #[test]
 fn a_worker_that_never_reads_is_evicted_even_if_a_forked_child_holds_its_socket() {
     let Some(mut fx) = Fixture::new() else { return };

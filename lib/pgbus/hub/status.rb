@@ -1,10 +1,17 @@
 # frozen_string_literal: true
 
 require "socket"
+require "tmpdir"
 
 module Pgbus
   module Hub
     DEFAULT_SOCKET_ENV = "PGBUS_STREAMS_HUB_SOCKET"
+
+    # Hub sockets at the default path (Dir.tmpdir/pgbus-streams-hub-<master pid>.sock),
+    # for an operator's shell, where PGBUS_STREAMS_HUB_SOCKET (set inside Puma) is unset.
+    def self.default_sockets(dir = Dir.tmpdir)
+      Dir.glob(File.join(dir, "pgbus-streams-hub-*.sock")).select { |path| File.socket?(path) }.sort
+    end
 
     # Asks a running master hub for its counters over its socket (our
     # `{"t":"stats"}` extension frame). Returns a Hash with Symbol keys.
@@ -28,9 +35,12 @@ module Pgbus
                                        "(not a pgbus-hub MasterHub?)"
           end
           frame = Protocol.read_frame(socket)
-          raise HubUnavailableError, "the hub at #{socket_path} closed the connection" if frame.nil?
+          raise Errno::ECONNRESET if frame.nil?
           return frame["stats"].transform_keys(&:to_sym) if frame["t"] == "stats" && frame["stats"].is_a?(Hash)
         end
+      rescue Errno::EPIPE, Errno::ECONNRESET
+        raise HubUnavailableError, "the hub at #{socket_path} closed the connection without answering " \
+                                   "(it refuses peers of another uid: run this as the user that runs Puma)"
       ensure
         socket.close
       end

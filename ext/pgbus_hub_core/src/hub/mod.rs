@@ -81,7 +81,11 @@ struct Counters {
 
 struct State {
     registry: Registry,
+    /// Every accepted connection of our uid, monitors included.
     workers: HashMap<WorkerId, Arc<Worker>>,
+    /// Connections that asked for stats without ever subscribing (`pgbus-hub
+    /// status`): served like any peer, but not counted as workers.
+    monitors: HashSet<WorkerId>,
     listener: Option<(ListenerHandle, Arc<ListenerStats>)>,
     next_worker_id: WorkerId,
     refused_uids: HashSet<u32>,
@@ -116,6 +120,7 @@ impl Core {
     ) {
         let answer = {
             let mut state = self.state();
+            state.monitors.remove(&worker);
             state.registry.add(worker, queue);
             state
                 .listener
@@ -169,6 +174,7 @@ impl Core {
     fn remove_worker(&self, worker: WorkerId) {
         let mut state = self.state();
         state.workers.remove(&worker);
+        state.monitors.remove(&worker);
         for queue in state.registry.remove_worker(worker) {
             if let Some((handle, _)) = &state.listener {
                 handle.unlisten(&queue);
@@ -263,7 +269,7 @@ impl Core {
         let listener_stats = state.listener.as_ref().map(|(_, stats)| stats.clone());
         let counters = &self.counters;
         HubStats {
-            workers: state.workers.len(),
+            workers: state.workers.len().saturating_sub(state.monitors.len()),
             channels: state.registry.queue_count(),
             listener_healthy: self.healthy.load(Ordering::Relaxed),
             reconnects: listener_stats.as_ref().map_or(0, |s| s.reconnects()),
@@ -280,8 +286,16 @@ impl Core {
     }
 
     /// Answers our `{"t":"stats"}` extension (pgbus's client never sends it):
-    /// `{"t":"stats","stats":{...}}`, for `pgbus-hub status`.
+    /// `{"t":"stats","stats":{...}}`, for `pgbus-hub status`. A connection
+    /// that asks for stats and has no subscription is a monitor, not a worker:
+    /// it is left out of `workers` (in this answer too) until it subscribes.
     fn send_stats(&self, worker: &Worker) {
+        {
+            let mut state = self.state();
+            if !state.registry.is_subscribed(worker.id) {
+                state.monitors.insert(worker.id);
+            }
+        }
         let stats = self.stats(1);
         let mut fields = serde_json::Map::new();
         fields.insert("workers".into(), stats.workers.into());
@@ -370,6 +384,7 @@ impl MasterHub {
                 registry: Registry::default(),
                 workers: HashMap::new(),
                 listener: None,
+                monitors: HashSet::new(),
                 next_worker_id: 1,
                 refused_uids: HashSet::new(),
             }),

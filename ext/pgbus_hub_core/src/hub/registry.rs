@@ -55,6 +55,13 @@ impl Registry {
         self.queues.keys().map(String::as_str)
     }
 
+    /// True while `worker` has at least one subscription (acked or awaiting LISTEN).
+    pub fn is_subscribed(&self, worker: WorkerId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|queues| !queues.is_empty())
+    }
+
     pub fn queue_count(&self) -> usize {
         self.queues.len()
     }
