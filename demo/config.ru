@@ -22,6 +22,75 @@ Pgbus::Hub.configure do |c|
   c.logger = Logger.new($stdout, level: Logger::INFO)
 end
 
+# One hijacked SSE connection with its own writer thread, so neither the
+# dispatcher nor another client ever waits on it. Events queue up to a bound
+# and are written in order; a client that stops reading is dropped, never
+# silently skipped: more than MAX_PENDING_BYTES unsent, or a write that
+# cannot make progress for STALL_SECONDS, closes it (the browser's
+# EventSource then reconnects and gets a fresh "ready").
+class SseStream
+  MAX_PENDING_BYTES = 1 << 20
+  STALL_SECONDS = 10
+
+  def initialize(io, on_close:)
+    @io = io
+    @on_close = on_close
+    @queue = Queue.new
+    @pending = 0
+    @lock = Mutex.new
+    @writer = Thread.new { write_loop }
+  end
+
+  # Never blocks. False once the stream is closed (or closes on this chunk).
+  def push(chunk)
+    @lock.synchronize do
+      return false if @queue.closed?
+
+      if @pending + chunk.bytesize > MAX_PENDING_BYTES
+        warn "[demo] SSE client #{Process.pid}: more than #{MAX_PENDING_BYTES} bytes unsent — dropping it"
+        @queue.close
+        @io.close rescue nil # rubocop:disable Style/RescueModifier
+        return false
+      end
+      @pending += chunk.bytesize
+      @queue << chunk
+    end
+    true
+  end
+
+  def close
+    @queue.close
+    @io.close unless @io.closed?
+  rescue IOError
+    nil
+  end
+
+  private
+
+  def write_loop
+    while (chunk = @queue.pop)
+      write_fully(chunk)
+      @lock.synchronize { @pending -= chunk.bytesize }
+    end
+  rescue IOError, SystemCallError => e
+    warn "[demo] SSE client #{Process.pid}: #{e.message} — dropping it" unless e.is_a?(Errno::EPIPE) || e.is_a?(Errno::ECONNRESET) || @queue.closed?
+  ensure
+    close
+    @on_close.call(self)
+  end
+
+  def write_fully(chunk)
+    until chunk.empty?
+      written = @io.write_nonblock(chunk, exception: false)
+      if written == :wait_writable
+        raise IOError, "client read nothing for #{STALL_SECONDS}s" unless @io.wait_writable(STALL_SECONDS)
+      else
+        chunk = chunk.byteslice(written..)
+      end
+    end
+  end
+end
+
 # Everything that must not cross fork: built lazily, once per worker pid.
 class DemoWorker
   TOPIC = /\A[a-z0-9_]{1,40}\z/.freeze
@@ -54,34 +123,45 @@ class DemoWorker
     io = env["rack.hijack_io"]
     io.write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
              "X-Accel-Buffering: no\r\nConnection: close\r\n\r\n")
-    @lock.synchronize { @streams[topic] << io }
+    sse = SseStream.new(io, on_close: ->(closed) { forget(closed) })
+    @lock.synchronize { @streams[topic] << sse }
     result = @listener.ensure_listening(topic)
-    send_event(io, "ready", { pid: Process.pid, topic: topic, listen: result.to_s, listener: listener_kind })
+    send_event(sse, "ready", { pid: Process.pid, topic: topic, listen: result.to_s, listener: listener_kind })
   rescue StandardError
-    drop(io) if io
+    sse ? sse.close : io&.close
   end
 
   def broadcast(topic, body)
-    @db_lock.synchronize do
-      @db = nil if @db&.finished?
-      @db ||= PG.connect(DATABASE_URL)
+    with_db do |db|
       if body.empty?
-        @db.exec("NOTIFY #{@db.quote_ident(topic)}")
+        db.exec("NOTIFY #{db.quote_ident(topic)}")
       else
-        @db.exec_params("select pg_notify($1, $2)", [topic, body])
+        db.exec_params("select pg_notify($1, $2)", [topic, body])
       end
-    rescue PG::Error
-      @db&.close rescue nil # rubocop:disable Style/RescueModifier
-      @db = nil
-      raise
     end
   end
 
   def census
+    with_db do |db|
+      db.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen'").getvalue(0, 0).to_i
+    end
+  end
+
+  # This worker's connection for NOTIFY and the census; one fresh retry when
+  # the server dropped it (e.g. PostgreSQL restarted).
+  def with_db
     @db_lock.synchronize do
-      @db = nil if @db&.finished?
-      @db ||= PG.connect(DATABASE_URL)
-      @db.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen'").getvalue(0, 0).to_i
+      attempts = 0
+      begin
+        @db = nil if @db&.finished?
+        @db ||= PG.connect(DATABASE_URL)
+        yield @db
+      rescue PG::ConnectionBad, PG::UnableToSend
+        @db&.close rescue nil # rubocop:disable Style/RescueModifier
+        @db = nil
+        retry if (attempts += 1) < 2
+        raise
+      end
     end
   end
 
@@ -102,43 +182,28 @@ class DemoWorker
     loop do
       wake = @wakes.pop
       if wake == :tick
-        each_stream(nil) { |io| write(io, ": keepalive\n\n") }
+        each_stream(nil) { |sse| sse.push(": keepalive\n\n") }
         next
       end
       data = { pid: Process.pid, topic: wake.queue_name, payload: wake.payload, durable: wake.payload.nil?,
                at: Process.clock_gettime(Process::CLOCK_REALTIME) }
-      each_stream(wake.queue_name) { |io| send_event(io, "wake", data) && (@delivered += 1) }
+      each_stream(wake.queue_name) { |sse| send_event(sse, "wake", data) && (@delivered += 1) }
     rescue StandardError => e
       warn "[demo] dispatcher: #{e.class}: #{e.message}"
     end
   end
 
   def each_stream(topic, &block)
-    ios = @lock.synchronize { topic ? @streams[topic].dup : @streams.values.flatten }
-    ios.each(&block)
+    streams = @lock.synchronize { topic ? @streams[topic].dup : @streams.values.flatten }
+    streams.each(&block)
   end
 
-  def send_event(io, name, data)
-    write(io, "event: #{name}\ndata: #{JSON.generate(data)}\n\n")
+  def send_event(sse, name, data)
+    sse.push("event: #{name}\ndata: #{JSON.generate(data)}\n\n")
   end
 
-  # Never blocks the dispatcher: a client that cannot take the bytes now is dropped.
-  def write(io, chunk)
-    @lock.synchronize do
-      written = io.write_nonblock(chunk, exception: false)
-      raise IOError, "slow client" unless written == chunk.bytesize
-    end
-    true
-  rescue StandardError
-    drop(io)
-    false
-  end
-
-  def drop(io)
-    @lock.synchronize { @streams.each_value { |list| list.delete(io) } }
-    io.close unless io.closed?
-  rescue StandardError
-    nil
+  def forget(sse)
+    @lock.synchronize { @streams.each_value { |list| list.delete(sse) } }
   end
 end
 
@@ -180,7 +245,7 @@ run lambda { |env|
     topic = path.split("/").last
     next json(400, { error: "bad topic" }) unless topic.match?(DemoWorker::TOPIC)
 
-    body = env["rack.input"].read.to_s.force_encoding(Encoding::UTF_8)
+    body = env["rack.input"].read.to_s.dup.force_encoding(Encoding::UTF_8) # NullIO gives a frozen ""
     next json(400, { error: "payload must be UTF-8, at most 7999 bytes" }) unless body.valid_encoding? && body.bytesize < 8000
 
     DemoWorker.current.broadcast(topic, body)

@@ -358,7 +358,8 @@ class Runner
   def serve
     puts "demo running: #{@cluster.url}"
     puts "  hub socket: #{@socket}"
-    puts "  try:  exe/pgbus-hub status --socket #{@socket}"
+    url = @db.throwaway? ? "'#{@db.url}'" : '"$DATABASE_URL"'
+    puts "  try:  exe/pgbus-hub status --socket #{@socket} --database-url #{url}"
     puts "  press Ctrl-C to stop"
     $stdout.flush
     loop do
@@ -503,9 +504,10 @@ class Runner
     puts
     puts "=== pgbus-hub demo report ==="
     puts "cluster:    #{@opts[:workers]} Puma workers (#{pids.size} serving #{@clients.size} SSE clients), preload_app!, plugin :pgbus_hub"
-    puts "census:     #{census1} pgbus-listen connection(s) with the hub (listen_scope :process would use #{pids.size}: one per worker)"
+    puts "census:     #{census1} pgbus-listen connection(s) with the hub; #{census2} without it (measured after the " \
+         "fail-over below: one per worker, as listen_scope :process uses)"
     puts line.call(phase1)
-    puts "hub stats:  peers #{stats[:workers]} (#{pids.size} workers + this stats query), channels #{stats[:channels]}, listener_healthy #{stats[:listener_healthy]}, " \
+    puts "hub stats:  workers #{stats[:workers]}, channels #{stats[:channels]}, listener_healthy #{stats[:listener_healthy]}, " \
          "wakes_received #{stats[:wakes_received]}, frames_sent #{stats[:frames_sent]}, dropped_durable_wakes " \
          "#{stats[:dropped_durable_wakes]}, evicted_workers #{stats[:evicted_workers]}, threads #{stats[:threads]}, reconnects #{stats[:reconnects]}"
     puts "fail-over:  hub stopped -> census #{census2} (each worker LISTENs on its own connection)"

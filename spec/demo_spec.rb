@@ -80,7 +80,8 @@ RSpec.describe "bin/demo", :demo do
     File.unlink(out_path)
     expect(status.exitstatus).to eq(0), out
     expect(out).to include("==> starting Puma", "==> phase 1 (hub)", "==> stopping the master hub", "==> phase 2 (failed over)")
-    expect(out).to match(/^census:\s+1 pgbus-listen connection/)
+    expect(out).to match(/^census:\s+1 pgbus-listen connection\(s\) with the hub; 4 without it \(measured/)
+    expect(out).to match(/^hub stats:\s+workers 4, channels 2, listener_healthy true/) # the stats query is no worker
     expect(out).to match(%r{^hub\s+delivered (\d+)/\1 to 4 workers, wake latency p50 [\d.]+ ms, p99 [\d.]+ ms})
     expect(out).to match(/^fail-over:\s+hub stopped -> census 4/)
     expect(out).to match(%r{^failover\s+delivered (\d+)/\1 to 4 workers})
