@@ -29,35 +29,10 @@ module RelPuma
     (cluster.hub_info || {}).fetch("stats", {})
   end
 
-  # The hub's stats asked over its socket (current, unlike hub_stats), with
-  # `workers` = worker connections only: the asking connection is taken off
-  # when this hub counts it (see stats_peer_counted?).
+  # The hub's stats asked over its socket (current, unlike hub_stats). The
+  # asking connection is a monitor, not counted in `workers`.
   def live_stats(cluster)
-    offset = stats_peer_counted?(cluster) ? 1 : 0
-    stats = Pgbus::Hub.stats(socket_path: cluster.socket_path)
-    stats.merge(workers: stats[:workers] - offset)
-  end
-
-  # Whether a stats request's own connection shows in `workers` (older hubs
-  # count it; newer ones leave such "monitors" out). Found once per hub, while
-  # no worker comes or goes: a second stats peer asking while a first one is
-  # still connected sees one worker more only if peers are counted.
-  def stats_peer_counted?(cluster)
-    (@stats_peer_counted ||= {}).fetch(cluster.socket_path) do
-      first = UNIXSocket.new(cluster.socket_path)
-      first.write(Pgbus::Hub::Protocol.encode({ "t" => "stats" }))
-      answer = nil
-      10.times do # a status frame may come first
-        frame = first.wait_readable(5) && Pgbus::Hub::Protocol.read_frame(first)
-        break if (answer = frame).nil? || frame["t"] == "stats"
-      end
-      raise "no stats answer from #{cluster.socket_path}" unless answer && answer["t"] == "stats"
-
-      second = Pgbus::Hub.stats(socket_path: cluster.socket_path)
-      @stats_peer_counted[cluster.socket_path] = second[:workers] > answer["stats"]["workers"]
-    ensure
-      first&.close
-    end
+    Pgbus::Hub.stats(socket_path: cluster.socket_path)
   end
 
   # Waits for a stats snapshot taken after now (the file is rewritten every 0.2 s).
