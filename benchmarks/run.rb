@@ -16,6 +16,7 @@
 require "json"
 require "pg"
 require "rbconfig"
+require "socket"
 require "tmpdir"
 require "fileutils"
 require "pgbus/hub"
@@ -295,10 +296,56 @@ module Bench
     cells.transform_values { |us| lat_summary(us) }
   end
 
-  def fig2_sub_ack(n = 25)
+  # Samples per round: p99 of 2 x 25 is the maximum, one VM stall decides it;
+  # the ruby-hub's ~120 ms acks keep it at 25 (reference figures are n=50).
+  SUB_ACK_SAMPLES = { "ruby-hub" => 25, "native-hub" => 100 }.freeze
+
+  # What this machine allows at best, measured the way the wake figure is
+  # (timestamp before the NOTIFY is sent): a bare ruby-pg LISTEN in this
+  # process, and a 1-byte Unix-socket round trip to a forked echo process.
+  def fig0_floor(samples = 300)
+    listener = PG.connect(URL)
+    listener.exec("LISTEN pgbus_bench_floor")
+    notify = Array.new(samples) do
+      t0 = now_ns
+      conn.exec("NOTIFY pgbus_bench_floor")
+      listener.wait_for_notify(5) || raise("floor: NOTIFY not received")
+      (now_ns - t0) / 1000.0
+    end
+    listener.close
+    ours, theirs = UNIXSocket.pair
+    echo = fork do
+      ours.close
+      while (byte = theirs.read(1))
+        theirs.write(byte)
+      end
+      exit!(0)
+    end
+    theirs.close
+    ping = lambda do
+      t0 = now_ns
+      ours.write("x")
+      ours.read(1)
+      (now_ns - t0) / 1000.0
+    end
+    round_trip = Array.new(samples * 3) { ping.call }
+    # The sub-ack figure's rhythm (a random pause of up to 250 ms before each
+    # sample): on this VM an idle vCPU wakes slowly, and that sets the tail.
+    after_idle = Array.new(samples / 3) do
+      sleep(rand * 0.25)
+      ping.call
+    end
+    ours.close
+    Process.wait(echo)
+    { notify_listen: lat_summary(notify), unix_round_trip: lat_summary(round_trip),
+      unix_round_trip_after_idle: lat_summary(after_idle) }
+  end
+
+  def fig2_sub_ack
     out = {}
     ROUNDS.times do |round|
       %w[ruby-hub native-hub].rotate(round).each do |mode|
+        n = SUB_ACK_SAMPLES.fetch(mode)
         with_setup(mode, 2, %w[act_hold]) do |_hub, workers|
           # both workers hold act_hold; the prober unsubs/re-subs it (it stays LISTENed)
           prober = workers.last
@@ -462,6 +509,9 @@ module Bench
   def build_rows(r)
     rows = []
     add = ->(figure, mode, value, target = "", ok = nil) { rows << { figure: figure, mode: mode, value: value, target: target, status: verdict(ok) } }
+    add.call("0 floor: NOTIFY -> LISTEN, bare ruby-pg", "-", lat_cell(r[:floor][:notify_listen]), "ref p50 0.141")
+    add.call("0 floor: Unix-socket round trip, 1 byte", "-", lat_cell(r[:floor][:unix_round_trip]), "ref 0.025")
+    add.call("0 floor: the same after 0-250 ms idle", "-", lat_cell(r[:floor][:unix_round_trip_after_idle]))
     w = r[:wake]
     [1, 8, 16].each do |n|
       %i[idle load].each do |load|
@@ -561,6 +611,7 @@ module Bench
     r = {}
     only = ENV["BENCH_ONLY"]&.split(",")
     run = ->(name, &blk) { next unless only.nil? || only.include?(name.to_s); r[name] = blk.call; log("#{name} done") }
+    run.call(:floor) { fig0_floor }
     run.call(:wake) { fig1_wake_latency }
     run.call(:sub_ack) { fig2_sub_ack }
     run.call(:burst8) { fig3_burst8 }
