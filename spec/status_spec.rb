@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "tmpdir"
+require "fileutils"
 require "json"
 require "open3"
 require "etc"
@@ -9,12 +10,11 @@ require_relative "support/database"
 require_relative "support/ruby_hub_peer"
 
 RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
-  let(:exe) { File.join(ROOT, "exe", "pgbus-hub") }
 
-  def status(*args, env: {}, as: nil)
-    env = { "RUBYLIB" => File.join(ROOT, "lib"), Pgbus::Hub::DEFAULT_SOCKET_ENV => nil }.merge(env)
+  def status(*args, env: {}, as: nil, root: ROOT)
+    env = { "RUBYLIB" => File.join(root, "lib"), Pgbus::Hub::DEFAULT_SOCKET_ENV => nil }.merge(env)
     as_user = as ? Etc.getpwnam(as).then { |pw| ["setpriv", "--reuid=#{pw.uid}", "--regid=#{pw.gid}", "--clear-groups"] } : []
-    out, st = Open3.capture2e(env, *as_user, RbConfig.ruby, exe, "status", *args)
+    out, st = Open3.capture2e(env, *as_user, RbConfig.ruby, File.join(root, "exe", "pgbus-hub"), "status", *args)
     [out, st.exitstatus]
   end
 
@@ -49,7 +49,9 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       File.chmod(0o755, dir)
       hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url, socket_path: File.join(dir, "h.sock")).start
       File.chmod(0o666, hub.socket_path) # let the other uid reach the hub's own check
-      out, code = status("--socket", hub.socket_path, env: { "RUBYLIB" => File.join(ROOT, "lib") }, as: "nobody")
+      # A copy the other uid can read: the checkout may sit in a 0700 directory (a CI clone in mktemp -d).
+      FileUtils.cp_r([File.join(ROOT, "lib"), File.join(ROOT, "exe")], dir)
+      out, code = status("--socket", hub.socket_path, root: dir, as: "nobody")
       expect([code, out]).to match([2, /no hub.*closed the connection without answering.*another uid/m])
       wait_for("the refusal counted") { hub.stats[:rejected_peers] == 1 }
     ensure

@@ -924,7 +924,8 @@ impl WakeSource for DrivenReader {
                 ..Batch::default()
             };
         }
-        let deadline = Instant::now() + timeout;
+        // None past Instant's range (e.g. Duration::MAX): poll_for clamps each wait.
+        let deadline = Instant::now().checked_add(timeout);
         let mut frames = lock(&self.frames);
         loop {
             let mut batch = Batch::default();
@@ -932,7 +933,7 @@ impl WakeSource for DrivenReader {
             if !batch.items.is_empty() || batch.closed {
                 return batch;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             let inner = &**self.inner;
             match inner.read_when_ready(&mut frames.buffer, &self.wakeup, left) {
                 Ready::Read(read) => {

@@ -861,3 +861,14 @@ fn driven_hub_eof_is_one_failed_then_closed_and_stop_ends_a_blocked_pump() {
     assert!(batch.closed && batch.items.is_empty(), "{batch:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn driven_wait_accepts_any_timeout() {
+    let _serial = shared();
+    let d = driven(Behaviour::default(), Duration::from_secs(2));
+    let reader = Arc::clone(&d.reader);
+    let waiting = thread::spawn(move || reader.next_batch(8, Duration::MAX));
+    thread::sleep(Duration::from_millis(50));
+    d.reader.interrupt();
+    assert!(waiting.join().unwrap().interrupted);
+}
