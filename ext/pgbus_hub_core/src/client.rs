@@ -903,6 +903,11 @@ impl Wakeup {
 /// The hub client's wakes, read by the caller's thread (see
 /// [`HubClient::connect_driven`]). One thread at a time waits in
 /// `next_batch`; `interrupt` may be called from any thread.
+///
+/// Decoded wakes still pass through the client's delivery channel (an
+/// uncontended push and pop, no wake-up): it keeps one path for both reading
+/// modes, and `kill` queues `Failed` there under the state lock, after every
+/// wake, whichever thread found the transport dead.
 pub struct DrivenReader {
     // ManuallyDrop: in a forked child these are leaked (see Drop).
     inner: ManuallyDrop<Arc<Inner>>,
