@@ -10,7 +10,11 @@ module Pgbus
     # Hub sockets at the default path (Dir.tmpdir/pgbus-streams-hub-<master pid>.sock),
     # for an operator's shell, where PGBUS_STREAMS_HUB_SOCKET (set inside Puma) is unset.
     def self.default_sockets(dir = Dir.tmpdir)
-      Dir.glob(File.join(dir, "pgbus-streams-hub-*.sock")).select { |path| File.socket?(path) }.sort
+      Dir.glob(default_socket_pattern(dir)).select { |path| File.socket?(path) }.sort
+    end
+
+    def self.default_socket_pattern(dir = Dir.tmpdir)
+      File.join(dir, "pgbus-streams-hub-*.sock")
     end
 
     # Asks a running master hub for its counters over its socket (our
