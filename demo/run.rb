@@ -50,10 +50,11 @@ module Demo
   end
 end
 
-# The native extension: lib/pgbus_hub.so, built by `rake compile` when missing.
+# The native extension (lib/pgbus_hub/<ruby minor>/), built by `rake compile` when missing.
 module Native
   def self.ensure_built
-    so = File.join(ROOT, "lib", "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}")
+    require_relative "../lib/pgbus/hub/native_path"
+    so = Pgbus::Hub::NATIVE_DEV_PATH
     return if File.exist?(so)
 
     Demo.step "compiling the native extension (rake compile; first run only)"

@@ -76,6 +76,30 @@ RSpec.describe Pgbus::Hub::FailoverListener do
     expect(built.first.calls.last).to eq([:stop])
   end
 
+  it "reports the threads of the hub client and, once failed over, of the local listener; stop stops both" do
+    threaded = Struct.new(:threads, :stopped) do
+      def stop
+        self.stopped = true
+        threads.clear
+      end
+
+      def ensure_listening(_queue) = :done
+    end
+    hub_thread = Thread.new { sleep }
+    local_thread = Thread.new { sleep }
+    hub = threaded.new([hub_thread])
+    local = threaded.new([local_thread])
+    failover = described_class.new(hub_client: hub, local_listener_factory: -> { local })
+    expect(failover.threads).to eq([hub_thread])
+    failover.fail_over!
+    expect(failover.threads).to contain_exactly(hub_thread, local_thread)
+    failover.stop
+    expect([hub.stopped, local.stopped]).to eq([true, true])
+    expect(failover.threads).to eq([])
+  ensure
+    [hub_thread, local_thread].each { |t| t&.kill&.join }
+  end
+
   it "completes a sub locally when the hub fails synchronously" do
     hub = DeadHub.new(dead: true)
     local = RecordingListener.new

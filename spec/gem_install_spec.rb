@@ -29,9 +29,15 @@ RSpec.describe "the packaged gem" do
 
       home = File.join(dir, "home")
       install_env = env.merge("GEM_HOME" => home, "GEM_PATH" => home)
+      # RubyGems 3.6 runs `make install sitearchdir=./.gem.XXXX`: the extension must land
+      # inside the gem, never in Ruby's own site directory.
+      site_so = File.join(RbConfig::CONFIG["sitearchdir"], "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}")
+      site_before = File.exist?(site_so) && File.mtime(site_so)
       out, status = Open3.capture2e(install_env, "gem", "install", "--local", "--no-document", gem_file,
                                     chdir: dir)
       expect(status).to be_success, out
+      expect(File.exist?(site_so) && File.mtime(site_so)).to eq(site_before)
+      expect(Dir.glob(File.join(home, "{extensions,gems}", "**", "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"))).not_to be_empty
 
       script = <<~RUBY
         require "pgbus/hub"

@@ -154,6 +154,14 @@ RSpec.describe Pgbus::Hub::HubClient do
       puts format("  [acks under GVL contention + storm: max %.1f ms over 20 subs]", acks.max * 1000)
     end
 
+    it "reports its live threads (pump, log drain) for pgbus's leak check; [] after stop" do
+      c = client(socket_path, logger: Logger.new(StringIO.new)).connect
+      expect(c.threads.map(&:name)).to contain_exactly("pgbus-hub client pump", "pgbus-hub client log")
+      expect(c.threads).to all(be_alive)
+      c.stop
+      expect(c.threads).to eq([])
+    end
+
     it "fires on_failure once and releases a waiter when the hub is SIGKILLed" do
       failures = Queue.new
       c = client(socket_path, on_failure: -> { failures << Thread.current }).connect
@@ -211,6 +219,10 @@ RSpec.describe Pgbus::Hub::HubClient do
       warm.stop
       before = { fds: fds.call, threads: threads.call, ruby_threads: Thread.list.size }
       1000.times { described_class.new(socket_path: socket_path, dispatch_queue: Queue.new).connect.stop }
+      # Ruby keeps an exited thread's native thread cached for reuse for a few
+      # seconds (3 s in 3.3), so OS threads may need that long to settle.
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+      sleep 0.1 until threads.call <= before[:threads] || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       after = { fds: fds.call, threads: threads.call, ruby_threads: Thread.list.size }
       expect(after.to_a).to all(satisfy { |key, count| count <= before[key] })
     end

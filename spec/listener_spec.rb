@@ -34,6 +34,13 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(l.stats).to include(channels: 1, healthy: true)
   end
 
+  it "reports its live threads (pump, log drain) for pgbus's leak check; [] after stop" do
+    l = listener(logger: Logger.new(StringIO.new)).start
+    expect(l.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")
+    l.stop
+    expect(l.threads).to eq([])
+  end
+
   it "opens one pgbus-listen connection, standalone channel names, quoting-safe" do
     queue = Queue.new
     before = TestDatabase.census

@@ -4,8 +4,10 @@
 # It drives cargo directly: the rb_sys gem and rake-compiler are not needed.
 #
 #   make          cargo build --release --locked, copy lib<crate>.so to ./pgbus_hub.<DLEXT>
-#   make install  copy it into RbConfig sitearchdir (RubyGems points that at its
-#                 staging dir and then copies it into the gem's extension dir)
+#   make install  copy it into $(DESTDIR)$(sitearchdir). The default is Ruby's
+#                 sitearchdir; RubyGems (3.6+) passes `sitearchdir=./.gem.XXXX` on the
+#                 command line, which overrides it, and then moves the file into the
+#                 gem's extension dir, so nothing lands outside the gem.
 #
 # CARGO_TARGET_DIR is honoured (a shared cache makes reinstalls fast). Without
 # it, cargo builds in ./target here and `make install` removes that directory
@@ -25,7 +27,6 @@ manifest = File.join(source_root, "Cargo.toml")
 target_env = ENV["CARGO_TARGET_DIR"]
 target_dir = target_env && !target_env.empty? ? File.expand_path(target_env) : File.join(Dir.pwd, "target")
 built = File.join(target_dir, "release", "libpgbus_hub.so")
-install_dir = RbConfig::CONFIG["sitearchdir"]
 remove_target = target_env.nil? || target_env.empty?
 
 sh = ->(s) { Shellwords.escape(s) }
@@ -35,6 +36,9 @@ File.write("Makefile", <<~MAKE)
   RUBY = #{sh[RbConfig.ruby]}
   TARGET_DIR = #{sh[target_dir]}
   DLIB = pgbus_hub.#{dlext}
+  # Overridable from make's command line, as in an mkmf Makefile.
+  DESTDIR =
+  sitearchdir = #{sh[RbConfig::CONFIG["sitearchdir"]]}
 
   all: $(DLIB)
 
@@ -43,8 +47,8 @@ File.write("Makefile", <<~MAKE)
   \tcp #{sh[built]} $(DLIB)
 
   install: $(DLIB)
-  \tmkdir -p #{sh[install_dir]}
-  \tcp $(DLIB) #{sh[install_dir]}/$(DLIB)
+  \tmkdir -p "$(DESTDIR)$(sitearchdir)"
+  \tcp $(DLIB) "$(DESTDIR)$(sitearchdir)/$(DLIB)"
   #{remove_target ? "\trm -rf $(TARGET_DIR)" : "\t@true"}
 
   clean:

@@ -5,7 +5,8 @@ require_relative "hub/version"
 # Pgbus::Hub::Error, Pgbus::Hub::ProtocolError and the native classes
 # that the files below give their Ruby keywords.
 require "set"
-require "pgbus_hub"
+require_relative "hub/native_path"
+require File.exist?(Pgbus::Hub::NATIVE_DEV_PATH) ? Pgbus::Hub::NATIVE_DEV_PATH : "pgbus_hub"
 require_relative "hub/options"
 require_relative "hub/log_drain"
 require_relative "hub/master_hub"

@@ -44,7 +44,9 @@ module TestDatabase
   def census(application_name = "pgbus-listen")
     read = lambda do
       with do |conn|
-        conn.exec_params("select count(*) from pg_stat_activity where application_name = $1",
+        # This database only: another suite on the same server has its own.
+        conn.exec_params("select count(*) from pg_stat_activity where application_name = $1 " \
+                         "and datname = current_database()",
                          [application_name]).getvalue(0, 0).to_i
       end
     end

@@ -67,8 +67,8 @@ module Pgbus
           return if @at_exit
 
           @at_exit = true
-          owner = Process.pid
-          at_exit { SharedHub.stop if Process.pid == owner }
+          owner = ::Process.pid
+          at_exit { SharedHub.stop if ::Process.pid == owner }
         end
       end
     end
@@ -84,7 +84,7 @@ module Pgbus
 
         # pgbus's path: pgbus's own MasterHubBoot (if it also runs in this
         # master) exports the very same value, so ENV always names the one hub.
-        def default_socket_path(pid = Process.pid)
+        def default_socket_path(pid = ::Process.pid)
           File.join(Dir.tmpdir, "pgbus-streams-hub-#{pid}.sock")
         end
 
@@ -207,7 +207,7 @@ module Pgbus
         if late
           SharedHub.stop(hub)
         else
-          @logger&.info("[pgbus-hub] master hub listening at #{@socket_path} (native, #{settings.source}, pid #{Process.pid})")
+          @logger&.info("[pgbus-hub] master hub listening at #{@socket_path} (native, #{settings.source}, pid #{::Process.pid})")
         end
       rescue StandardError => e
         @logger&.error("[pgbus-hub] master hub failed to start (#{e.class}: #{e.message}) — " \
@@ -215,7 +215,7 @@ module Pgbus
       end
 
       def monotonic
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        ::Process.clock_gettime(::Process::CLOCK_MONOTONIC)
       end
 
       def format_seconds(value)

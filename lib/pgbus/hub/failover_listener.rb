@@ -89,15 +89,27 @@ module Pgbus
         @failed_over
       end
 
+      # The live threads of the hub client and of the local listener (once
+      # failed over); [] after stop.
+      def threads
+        owned.flat_map { |component| component.respond_to?(:threads) ? component.threads : [] }.uniq
+      end
+
+      # Stops the hub client and the local listener (if one was built).
       def stop
-        impl = @lock.synchronize { @impl }
-        impl.stop
-        self
-      rescue StandardError
+        owned.each do |component|
+          component.stop
+        rescue StandardError => e
+          @logger&.warn("[pgbus-hub] stop of #{component.class} raised #{e.class}: #{e.message}")
+        end
         self
       end
 
       private
+
+      def owned
+        @lock.synchronize { [@hub_client, @impl].uniq }
+      end
 
       def retry_locally(queue)
         impl = @lock.synchronize { @impl }

@@ -28,7 +28,7 @@ module Pgbus
         @ack_timeout = Options.positive_number("HubClient", :ack_timeout, opts[:ack_timeout])
         @on_failure = opts[:on_failure]
         @logger = opts[:logger]
-        @owner_pid = Process.pid
+        @owner_pid = ::Process.pid
       end
 
       # Raises HubUnavailableError "cannot reach master hub at PATH: ...".
@@ -54,11 +54,17 @@ module Pgbus
         nil
       end
 
+      # The live Ruby threads this object owns (pump, log drain); [] after stop.
+      # Newer pgbus collects these at shutdown to report leaked threads.
+      def threads
+        [@pump, @log_thread].compact.select(&:alive?)
+      end
+
       # Idempotent; returns within ~2 s even if the hub is wedged. In a forked
       # child it leaves the parent's socket and threads alone.
       def stop
         native_stop
-        if Process.pid == @owner_pid
+        if ::Process.pid == @owner_pid
           @pump&.join(2)
           @log_thread&.join(2)
         end

@@ -31,7 +31,7 @@ module Pgbus
           channel_prefix: Options.string("Listener", :channel_prefix, opts[:channel_prefix]),
           channel_suffix: Options.string("Listener", :channel_suffix, opts[:channel_suffix])
         }.freeze
-        @owner_pid = Process.pid
+        @owner_pid = ::Process.pid
         @lock = Mutex.new
       end
 
@@ -64,12 +64,18 @@ module Pgbus
       end
 
       def alive?
-        !@pump.nil? && Process.pid == @owner_pid
+        !@pump.nil? && ::Process.pid == @owner_pid
+      end
+
+      # The live Ruby threads this object owns (pump, log drain); [] after stop.
+      # Newer pgbus collects these at shutdown to report leaked threads.
+      def threads
+        [@pump, @log_thread].compact.select(&:alive?)
       end
 
       def stop
         native_stop
-        if Process.pid == @owner_pid
+        if ::Process.pid == @owner_pid
           @pump&.join(2)
           @log_thread&.join(2)
         end

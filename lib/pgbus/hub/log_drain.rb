@@ -11,8 +11,7 @@ module Pgbus
       def start(logger, name, &next_batch)
         return nil unless logger
 
-        Thread.new do
-          Thread.current.name = name
+        thread = Thread.new do
           Thread.current.report_on_exception = false
           while (batch = next_batch.call)
             batch.each do |severity, message|
@@ -22,6 +21,8 @@ module Pgbus
             end
           end
         end
+        thread.name = name # set here, not in the thread: named from the moment it is returned
+        thread
       end
     end
   end

@@ -34,7 +34,7 @@ module Pgbus
           channel_prefix: Options.string("MasterHub", :channel_prefix, opts[:channel_prefix]),
           channel_suffix: Options.string("MasterHub", :channel_suffix, opts[:channel_suffix])
         }.freeze
-        @owner_pid = Process.pid
+        @owner_pid = ::Process.pid
       end
 
       # Binds the socket and starts the hub's native thread. Raises
@@ -47,7 +47,7 @@ module Pgbus
 
       # Idempotent. In a forked child it does nothing to the parent's hub.
       def stop
-        return self unless Process.pid == @owner_pid
+        return self unless ::Process.pid == @owner_pid
 
         native_stop
         @log_thread&.join(5)

@@ -10,8 +10,7 @@ module Pgbus
       module_function
 
       def start(name:, dispatch_queue:, wake:, on_failure: nil, logger: nil, &next_batch)
-        Thread.new do
-          Thread.current.name = name
+        thread = Thread.new do
           Thread.current.report_on_exception = false
           failed = false
           while (batch = next_batch.call)
@@ -27,6 +26,8 @@ module Pgbus
             end
           end
         end
+        thread.name = name # set here, not in the thread: named from the moment it is returned
+        thread
       end
 
       def run_failure(on_failure, logger)

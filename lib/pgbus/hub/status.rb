@@ -31,9 +31,9 @@ module Pgbus
       end
       begin
         socket.write(Protocol.encode({ "t" => "stats" }))
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+        deadline = ::Process.clock_gettime(::Process::CLOCK_MONOTONIC) + timeout
         loop do
-          remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          remaining = deadline - ::Process.clock_gettime(::Process::CLOCK_MONOTONIC)
           unless remaining.positive? && socket.wait_readable(remaining)
             raise HubUnavailableError, "the hub at #{socket_path} did not answer a stats request within #{timeout}s " \
                                        "(not a pgbus-hub MasterHub?)"

@@ -70,6 +70,10 @@ class PumaCluster
     File.exist?(@log_path.to_s) ? File.read(@log_path) : ""
   end
 
+  def wait_for(what, timeout:, &block)
+    wait_until(timeout, &block) || raise("timed out after #{timeout}s waiting for #{what}\n--- puma log ---\n#{log[-4000..] || log}")
+  end
+
   def wait_log(pattern, timeout: 15, count: 1)
     wait_for("log #{pattern.inspect} x#{count}", timeout: timeout) { log.scan(pattern).size >= count }
   end
@@ -249,9 +253,5 @@ class PumaCluster
 
       sleep 0.05
     end
-  end
-
-  def wait_for(what, timeout:, &block)
-    wait_until(timeout, &block) || raise("timed out after #{timeout}s waiting for #{what}\n--- puma log ---\n#{log[-4000..] || log}")
   end
 end
