@@ -121,6 +121,7 @@ module Pgbus
         @deadline = deadline
         @logger = logger
         @lock = Mutex.new
+        @boot_lock = Mutex.new # the poller and the before_fork hook may both find the configuration ready
         @cond = ConditionVariable.new
         @running = false
         @hub = nil
@@ -146,6 +147,18 @@ module Pgbus
 
       def running?
         @running
+      end
+
+      # The master's before_fork hook: Puma runs it after preload_app! and
+      # before the first fork, when the configuration is normally complete, so
+      # the hub binds here and no worker ever starts before it. The poller
+      # stays only for a configuration that arrives later.
+      def boot_before_fork
+        settings = ready_settings
+        return boot_hub(settings) if settings
+
+        @logger&.warn("[pgbus-hub] no hub configuration yet as workers fork (no preload_app!?): waiting up to " \
+                      "#{format_seconds(@deadline)}s; until it starts, workers use their own LISTEN connections")
       end
 
       # Stops the poller and the hub. ENV stays exported (pgbus's semantics).
@@ -197,17 +210,19 @@ module Pgbus
       end
 
       def boot_hub(settings)
-        return if settings.scope.to_s != "master"
+        @boot_lock.synchronize do
+          return if @hub || settings.scope.to_s != "master"
 
-        hub = SharedHub.start(socket_path: @socket_path, settings: settings, logger: @logger)
-        late = @lock.synchronize do
-          @hub = hub if @running
-          !@running
-        end
-        if late
-          SharedHub.stop(hub)
-        else
-          @logger&.info("[pgbus-hub] master hub listening at #{@socket_path} (native, #{settings.source}, pid #{::Process.pid})")
+          hub = SharedHub.start(socket_path: @socket_path, settings: settings, logger: @logger)
+          late = @lock.synchronize do
+            @hub = hub if @running
+            !@running
+          end
+          if late
+            SharedHub.stop(hub)
+          else
+            @logger&.info("[pgbus-hub] master hub listening at #{@socket_path} (native, #{settings.source}, pid #{::Process.pid})")
+          end
         end
       rescue StandardError => e
         @logger&.error("[pgbus-hub] master hub failed to start (#{e.class}: #{e.message}) — " \
@@ -300,7 +315,10 @@ module Pgbus
       def config(dsl)
         plugin = self
         on_hook(dsl, :before_restart, :on_restart) { plugin.teardown("hot restart") } # DSL restart hooks: USR2 only
-        dsl.before_fork { Pgbus::Hub::PgbusIntegration.install! }
+        dsl.before_fork do
+          Pgbus::Hub::PgbusIntegration.install!
+          Pgbus::Hub::Boot.current&.boot_before_fork
+        end
         on_hook(dsl, :before_worker_boot, :on_worker_boot) { Pgbus::Hub::PgbusIntegration.install! }
         composed&.config(dsl) if composed.respond_to?(:config)
       end
