@@ -5,7 +5,7 @@ use crate::errors::{invalid_queue, panicked, unavailable};
 use crate::nogvl::nogvl;
 use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
-use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient};
+use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::log::LogSink;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -62,19 +62,24 @@ impl RbHubClient {
         Ok(())
     }
 
-    /// `:done` once the hub acked (its LISTEN is active); waits without the GVL.
+    /// `:done` once the hub acked (its LISTEN is active); nil while the hub
+    /// reports its database down (the hub LISTENs it on reconnect). Waits
+    /// without the GVL.
     fn native_ensure_listening(
         ruby: &Ruby,
         rb_self: &Self,
         queue: String,
-    ) -> Result<Symbol, Error> {
+    ) -> Result<Option<Symbol>, Error> {
         let client = rb_self
             .client()
             .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
-        nogvl(move || client.ensure_listening(&queue), || {})
+        let listening = nogvl(move || client.ensure_listening(&queue), || {})
             .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
             .map_err(|e| client_error(ruby, e))?;
-        Ok(ruby.to_symbol("done"))
+        Ok(match listening {
+            Listening::Active => Some(ruby.to_symbol("done")),
+            Listening::AfterReconnect => None,
+        })
     }
 
     fn native_remove_listening(&self, queue: String) {

@@ -15,6 +15,13 @@
 //!   need the pump thread to be running: a pump stuck in Ruby for longer
 //!   than `ack_timeout` makes `ensure_listening` time out (and fail over).
 //!
+//! Database outages are not transport failures. While the hub's last
+//! `status` says its PostgreSQL connection is down, `ensure_listening` waits
+//! at most [`UNHEALTHY_ACK_GRACE`] and returns [`Listening::AfterReconnect`]:
+//! the hub keeps the sub and LISTENs it when it reconnects, so the worker
+//! stays on the hub (one connection per host) instead of failing over to a
+//! connection of its own that it would keep after the database is back.
+//!
 //! Failure model (pgbus 0.13.1's): never retry, never reconnect. The first of
 //! EOF, reset, a protocol error from the hub, an ack timeout or a stalled write
 //! marks the client dead: every pending waiter is released, the socket is shut
@@ -64,6 +71,13 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// The reader decodes JSON nested up to 100 deep; 512 KiB is ample.
 const READER_STACK_BYTES: usize = 512 * 1024;
 
+/// How long `ensure_listening` waits for an ack while the hub reports its
+/// database connection down. Long enough for a hub still making its first
+/// connection to a local server (a few ms) to ack; short enough that a request
+/// subscribing during an outage stays far below 100 ms and far below
+/// `ack_timeout` (seconds), which is for a hub that is gone or wedged.
+pub const UNHEALTHY_ACK_GRACE: Duration = Duration::from_millis(50);
+
 const LOG_PREFIX: &str = "[pgbus-hub] HubClient:";
 
 const INHERITED: &str = "master hub client was inherited across fork; connect a new one";
@@ -110,10 +124,22 @@ impl fmt::Display for ClientError {
 
 impl std::error::Error for ClientError {}
 
+/// How `ensure_listening` succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listening {
+    /// The hub acked: its LISTEN is active.
+    Active,
+    /// The hub's database connection is down: the sub is registered there and
+    /// is LISTENed when the hub reconnects (not waited for).
+    AfterReconnect,
+}
+
 /// What a waiter in `ensure_listening` is told.
 #[derive(Clone, Debug)]
 enum Outcome {
     Acked,
+    /// The hub reported its database connection down while this sub waited.
+    HubUnhealthy,
     Died,
     Stopped,
     Rejected(String),
@@ -152,6 +178,9 @@ struct Inner {
     /// Mirrors `state.dead_reason.is_some()` for lock-free reads.
     dead: AtomicBool,
     healthy: AtomicBool,
+    /// Set when a sub returned `AfterReconnect` (and logged), cleared when the
+    /// hub is healthy again: one WARN per outage.
+    outage_logged: AtomicBool,
 }
 
 struct Reader {
@@ -240,8 +269,10 @@ impl HubClient {
         Ok((client, reader))
     }
 
-    /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active).
-    pub fn ensure_listening(&self, queue: &str) -> Result<(), ClientError> {
+    /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active),
+    /// or, while the hub reports its database down, at most
+    /// [`UNHEALTHY_ACK_GRACE`] (then `AfterReconnect`).
+    pub fn ensure_listening(&self, queue: &str) -> Result<Listening, ClientError> {
         if !self.owner.is_current() {
             return Err(unavailable(INHERITED));
         }
@@ -276,23 +307,45 @@ impl HubClient {
             inner.mark_dead(reason);
             return Err(inner.unavailable_now());
         }
-        let result = match outcome.recv_timeout(inner.ack_timeout) {
+        // Unhealthy when the sub went out: wait the grace period only; if no ack
+        // came by then, the LISTEN waits for the hub's reconnect, not the hub.
+        let in_outage = !inner.healthy.load(Ordering::Acquire);
+        let budget = if in_outage {
+            inner.ack_timeout.min(UNHEALTHY_ACK_GRACE)
+        } else {
+            inner.ack_timeout
+        };
+        let result = match outcome.recv_timeout(budget) {
             Ok(result) => result,
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 if inner.discard_waiter(queue, id) {
-                    inner.mark_dead(format!(
-                        "sub ack for {queue} not received within {}s",
-                        seconds(inner.ack_timeout)
-                    ));
-                    return Err(unavailable(format!("master hub ack timeout for {queue}")));
+                    if !in_outage {
+                        inner.mark_dead(format!(
+                            "sub ack for {queue} not received within {}s",
+                            seconds(inner.ack_timeout)
+                        ));
+                        return Err(unavailable(format!("master hub ack timeout for {queue}")));
+                    }
+                    Outcome::HubUnhealthy
+                } else {
+                    // Someone took the waiter out under the state lock, and sends
+                    // its outcome under that lock: it is already in the channel.
+                    outcome.try_recv().unwrap_or(Outcome::Died)
                 }
-                // Someone took the waiter out under the state lock, and sends
-                // its outcome under that lock: it is already in the channel.
-                outcome.try_recv().unwrap_or(Outcome::Died)
             }
         };
         match result {
-            Outcome::Acked => Ok(()),
+            Outcome::Acked => Ok(Listening::Active),
+            Outcome::HubUnhealthy => {
+                if !inner.outage_logged.swap(true, Ordering::AcqRel) {
+                    inner.log.warn(format!(
+                        "{LOG_PREFIX} the master hub reports its database connection down: {queue} \
+                         (and later subs) stay registered there and are LISTENed when it reconnects; \
+                         until then ensure_listening returns without confirmation"
+                    ));
+                }
+                Ok(Listening::AfterReconnect)
+            }
             Outcome::Died => Err(unavailable(format!(
                 "master hub died while awaiting ack for {queue}"
             ))),
@@ -438,6 +491,7 @@ impl Inner {
             state: Mutex::new(State::default()),
             dead: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
+            outage_logged: AtomicBool::new(false),
         }))
     }
 
@@ -697,9 +751,23 @@ impl Inner {
                 }
             }
             Message::Status { healthy } => {
-                let state = lock(&self.state);
+                let mut state = lock(&self.state);
                 if state.dead_reason.is_none() {
-                    self.healthy.store(healthy, Ordering::Release);
+                    let was = self.healthy.swap(healthy, Ordering::AcqRel);
+                    if was && !healthy {
+                        // Nobody waits out ack_timeout for a LISTEN that needs a reconnect first.
+                        for (_, waiters) in state.pending.drain() {
+                            for waiter in waiters {
+                                let _ = waiter.outcome.try_send(Outcome::HubUnhealthy);
+                            }
+                        }
+                    }
+                    if healthy && !was && self.outage_logged.swap(false, Ordering::AcqRel) {
+                        drop(state);
+                        self.log.info(format!(
+                            "{LOG_PREFIX} the master hub's database connection is back"
+                        ));
+                    }
                 }
             }
             Message::Nack { queue, reason } => self.handle_nack(&queue, reason),

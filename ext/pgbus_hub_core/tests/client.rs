@@ -2,7 +2,7 @@
 
 mod support_hub;
 
-use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient};
+use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient, Listening};
 use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver, WakeSource};
 use pgbus_hub_core::log::{Level, LogSink, Record};
 use pgbus_hub_core::protocol::Message;
@@ -67,7 +67,7 @@ fn wake(queue: &str, payload: Option<&str>) -> Message {
     }
 }
 
-fn unavailable_message(result: Result<(), ClientError>) -> String {
+fn unavailable_message(result: Result<Listening, ClientError>) -> String {
     match result {
         Err(ClientError::Unavailable(message)) => message,
         other => panic!("expected Unavailable, got {other:?}"),

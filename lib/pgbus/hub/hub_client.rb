@@ -42,7 +42,9 @@ module Pgbus
         self
       end
 
-      # :done once the hub acked (LISTEN active). Raises HubUnavailableError
+      # :done once the hub acked (LISTEN active); nil within ~50 ms while the hub
+      # reports its database connection down (the hub keeps the sub and LISTENs
+      # it on reconnect; the worker stays on the hub). Raises HubUnavailableError
       # (dead, died while waiting, ack timeout) or InvalidQueueError (the hub refused the name).
       def ensure_listening(queue)
         native_ensure_listening(queue.to_s)
