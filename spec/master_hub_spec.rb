@@ -113,6 +113,8 @@ RSpec.describe Pgbus::Hub::MasterHub do
     peer = WirePeer.new(hub.socket_path)
     peer.send_frame({ "t" => "bogus" })
     wait_for("log line") { out.string.include?("unknown frame") }
+    # The hub's connection number and the peer's pid (SO_PEERCRED), not a "worker" number.
+    expect(out.string).to match(/connection \d+ \(pid #{Process.pid}\) sent unknown frame \(t="bogus"\)/)
     hub.stop
     expect(out.string).to include("master hub listening at #{hub.socket_path}")
     expect(out.string).to include("stopped")

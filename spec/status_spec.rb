@@ -84,4 +84,63 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       stub.close
     end
   end
+
+  it "follows CLI conventions: usage on stderr and exit 64 for bad input, --help exits 0" do
+    run = lambda do |*args|
+      out, err, st = Open3.capture3({ "RUBYLIB" => File.join(ROOT, "lib") }, RbConfig.ruby,
+                                    File.join(ROOT, "exe", "pgbus-hub"), *args)
+      [st.exitstatus, out, err]
+    end
+    [[], %w[bogus], %w[status --bogus], %w[status --socket], %w[status extra]].each do |args|
+      code, out, err = run.call(*args)
+      expect([code, out]).to eq([64, ""]), "#{args.inspect}: #{err}"
+      expect(err).to match(/\Apgbus-hub: .+\nusage: pgbus-hub status/)
+      expect(err).not_to include("from ") # no backtrace
+    end
+    [%w[--help], %w[help], %w[status --help], %w[status -h]].each do |args|
+      code, out, = run.call(*args)
+      expect([code, out]).to match([0, /usage: pgbus-hub status.*Exit status: 0 healthy, 1 degraded.*2 no hub, 64 usage/m])
+    end
+  end
+
+  it "counts this host's census in the hub's database only, the server-wide total apart; " \
+     "stats date the last error and say when it was resolved" do
+    skip "no PostgreSQL" unless TestDatabase.available?
+    Dir.mktmpdir do |dir|
+      hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url, socket_path: File.join(dir, "h.sock")).start
+      wait_for("listener healthy") { hub.stats[:listener_healthy] }
+      stats = hub.stats
+      database = TestDatabase.with { |c| c.exec("select current_database()").getvalue(0, 0) }
+      expect(stats).to include(database: database, last_error: nil, last_error_at: nil)
+      expect(stats[:healthy_since]).to be_within(30).of(Time.now.to_f)
+      backend = TestDatabase.with do |c|
+        c.exec_params("select datname, client_addr::text from pg_stat_activity where pid = $1", [stats[:backend_pid]]).first
+      end
+      expect(backend).to eq("datname" => database, "client_addr" => stats[:client_addr])
+
+      # A listener in another database of the same server is not this host's.
+      other = "pgbus_hub_status_#{Process.pid}_#{rand(1 << 20)}"
+      TestDatabase.with { |c| c.exec("create database #{other}") }
+      foreign = Pgbus::Hub::Listener.new(connection: TestDatabase.keywords(dbname: other), dispatch_queue: Queue.new).start
+      expect(foreign.ensure_listening("elsewhere")).to eq(:done)
+      out, code = status("--socket", hub.socket_path, "--json", "--database-url", TestDatabase.url)
+      expect(code).to eq(0), out
+      report = JSON.parse(out)
+      expect(report["census"]).to eq(1)
+      expect(report["census_server_wide"]).to be >= 2
+
+      # An outage that ended: the error is kept, dated, and shown as resolved.
+      TestDatabase.with { |c| c.exec_params("select pg_terminate_backend($1)", [stats[:backend_pid]]) }
+      wait_for("reconnected", timeout: 15) { hub.stats[:reconnects] == 1 && hub.stats[:listener_healthy] }
+      after = hub.stats
+      expect(after[:last_error]).to be_a(String)
+      expect(after[:last_error_at]).to be <= after[:healthy_since]
+      out, code = status("--socket", hub.socket_path)
+      expect([code, out]).to match([0, /last error: .+\(at \d{4}-\d\d-\d\d [\d:]+ UTC, resolved\)/])
+    ensure
+      foreign&.stop
+      hub&.stop
+      TestDatabase.with { |c| c.exec("drop database if exists #{other} with (force)") } if other
+    end
+  end
 end

@@ -101,7 +101,7 @@ pub fn object_to_hash(ruby: &Ruby, object: Object) -> Result<RHash, Error> {
     Ok(hash)
 }
 
-fn to_ruby(ruby: &Ruby, value: Json) -> Result<Value, Error> {
+pub fn to_ruby(ruby: &Ruby, value: Json) -> Result<Value, Error> {
     Ok(match value {
         Json::Null => ruby.qnil().as_value(),
         Json::Bool(b) => b.into_value_with(ruby),

@@ -84,22 +84,9 @@ impl RbMasterHub {
             return Ok(hash);
         };
         drop(guard);
-        hash.aset(ruby.to_symbol("workers"), stats.workers)?;
-        hash.aset(ruby.to_symbol("channels"), stats.channels)?;
-        hash.aset(ruby.to_symbol("listener_healthy"), stats.listener_healthy)?;
-        hash.aset(ruby.to_symbol("reconnects"), stats.reconnects)?;
-        hash.aset(ruby.to_symbol("wakes_received"), stats.wakes_received)?;
-        hash.aset(ruby.to_symbol("frames_sent"), stats.frames_sent)?;
-        hash.aset(
-            ruby.to_symbol("dropped_durable_wakes"),
-            stats.dropped_durable_wakes,
-        )?;
-        hash.aset(ruby.to_symbol("evicted_workers"), stats.evicted_workers)?;
-        hash.aset(ruby.to_symbol("rejected_peers"), stats.rejected_peers)?;
-        hash.aset(ruby.to_symbol("listener_restarts"), stats.listener_restarts)?;
-        hash.aset(ruby.to_symbol("threads"), stats.threads)?;
-        hash.aset(ruby.to_symbol("last_error"), stats.last_error)?;
-        hash.aset(ruby.to_symbol("uptime"), stats.uptime.as_secs_f64())?;
+        for (key, value) in stats.fields() {
+            hash.aset(ruby.to_symbol(&key), crate::json::to_ruby(ruby, value)?)?;
+        }
         Ok(hash)
     }
 }

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use worker::{Enqueued, Frame, Worker, WorkerId};
 
@@ -51,7 +51,7 @@ pub struct HubConfig {
 }
 
 /// A point-in-time copy of the hub's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct HubStats {
     pub workers: usize,
     pub channels: usize,
@@ -66,7 +66,50 @@ pub struct HubStats {
     /// Native threads the hub runs: 1 while running, 0 after stop, whatever the worker count.
     pub threads: usize,
     pub last_error: Option<String>,
+    /// When `last_error` happened; an error older than `healthy_since` was resolved.
+    pub last_error_at: Option<SystemTime>,
+    /// When the listener last became healthy; None while it is not.
+    pub healthy_since: Option<SystemTime>,
+    /// The LISTEN connection's server session (pid, database, client address).
+    pub backend: Option<listener::Backend>,
     pub uptime: Duration,
+}
+
+fn unix_seconds(time: Option<SystemTime>) -> serde_json::Value {
+    time.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(serde_json::Value::Null, |d| d.as_secs_f64().into())
+}
+
+impl HubStats {
+    /// The one field list: the `stats` frame (`pgbus-hub status`) and
+    /// `MasterHub#stats` in Ruby both show exactly this. Times are Unix seconds.
+    pub fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let backend = self.backend.as_ref();
+        let mut fields = serde_json::Map::new();
+        let mut put = |key: &str, value: serde_json::Value| {
+            fields.insert(key.into(), value);
+        };
+        put("workers", self.workers.into());
+        put("channels", self.channels.into());
+        put("listener_healthy", self.listener_healthy.into());
+        put("reconnects", self.reconnects.into());
+        put("wakes_received", self.wakes_received.into());
+        put("frames_sent", self.frames_sent.into());
+        put("dropped_durable_wakes", self.dropped_durable_wakes.into());
+        put("evicted_workers", self.evicted_workers.into());
+        put("rejected_peers", self.rejected_peers.into());
+        put("listener_restarts", self.listener_restarts.into());
+        put("threads", self.threads.into());
+        put("last_error", self.last_error.clone().into());
+        put("last_error_at", unix_seconds(self.last_error_at));
+        put("healthy_since", unix_seconds(self.healthy_since));
+        put("backend_pid", backend.map(|b| b.pid).into());
+        put("database", backend.map(|b| b.database.clone()).into());
+        put("client_addr", backend.and_then(|b| b.client_addr.clone()).into());
+        put("uptime", self.uptime.as_secs_f64().into());
+        put("pid", std::process::id().into());
+        fields
+    }
 }
 
 #[derive(Default)]
@@ -141,13 +184,27 @@ impl Core {
         match outcome {
             Ok(()) => self.send(worker, Message::Ack(queue.to_owned())),
             Err(ListenError::Stopped) => self.log.warn(format!(
-                "not acking worker {}'s sub for {queue:?}: the listener stopped before LISTEN ran",
-                worker.id
+                "not acking {}'s sub for {queue:?}: the listener stopped before LISTEN ran",
+                worker.label()
             )),
+            Err(withdrawn @ ListenError::Withdrawn { .. }) => {
+                // The subscriber itself gave up (unsub or disconnect): not a refusal.
+                self.log.info(format!(
+                    "{}: {withdrawn}; answering its sub with a nack",
+                    worker.label()
+                ));
+                self.send(
+                    worker,
+                    Message::Nack {
+                        queue: queue.to_owned(),
+                        reason: withdrawn.to_string(),
+                    },
+                );
+            }
             Err(refused) => {
                 self.log.warn(format!(
-                    "worker {} subscribed to {queue:?}: {refused} — refused",
-                    worker.id
+                    "{} subscribed to {queue:?}: {refused} — refused",
+                    worker.label()
                 ));
                 self.unsubscribe(worker.id, queue);
                 let reason = refused.to_string();
@@ -208,9 +265,9 @@ impl Core {
                     + 1;
                 if dropped == 1 || dropped % DROP_LOG_EVERY == 0 {
                     self.log.warn(format!(
-                        "dropped {dropped} durable wake(s) so far: worker {} has {} queued \
+                        "dropped {dropped} durable wake(s) so far: {} has {} queued \
                          (durable_queue_limit); durable streams catch up on their next read",
-                        worker.id, self.durable_queue_limit
+                        worker.label(), self.durable_queue_limit
                     ));
                 }
             }
@@ -219,9 +276,9 @@ impl Core {
                     .evicted_workers
                     .fetch_add(1, Ordering::Relaxed);
                 self.log.warn(format!(
-                    "evicting worker {}: outbound queue exceeded {} frames (worker not draining) — \
+                    "evicting {}: outbound queue exceeded {} frames (worker not draining) — \
                      it falls back to its own listener",
-                    worker.id, self.hard_queue_limit
+                    worker.label(), self.hard_queue_limit
                 ));
             }
         }
@@ -251,10 +308,23 @@ impl Core {
         }
     }
 
+    /// The `status` to tell workers, or None while the listener's first
+    /// connection attempt is still under way. Our client treats `healthy:false`
+    /// as a database outage and stops waiting for acks (it stays on the hub);
+    /// before the first attempt has concluded that would be wrong: the ack is
+    /// only milliseconds away, so new workers keep pgbus's optimistic default.
+    fn announced_health(&self) -> Option<bool> {
+        let healthy = self.healthy.load(Ordering::Relaxed);
+        let attempted = healthy
+            || self.state().listener.as_ref().is_some_and(|(_, stats)| {
+                stats.connect_failures() > 0 || stats.reconnects() > 0 || stats.last_error().is_some()
+            });
+        attempted.then_some(healthy)
+    }
+
     fn broadcast_status(&self) {
-        let message = Message::Status {
-            healthy: self.healthy.load(Ordering::Relaxed),
-        };
+        let Some(healthy) = self.announced_health() else { return };
+        let message = Message::Status { healthy };
         let Ok(frame) = message.encode() else { return };
         let frame: Frame = frame.into();
         let workers: Vec<Arc<Worker>> = self.state().workers.values().cloned().collect();
@@ -280,7 +350,10 @@ impl Core {
             rejected_peers: counters.rejected_peers.load(Ordering::Relaxed),
             listener_restarts: counters.listener_restarts.load(Ordering::Relaxed),
             threads,
-            last_error: listener_stats.and_then(|s| s.last_error()),
+            last_error: listener_stats.as_ref().and_then(|s| s.last_error()),
+            last_error_at: listener_stats.as_ref().and_then(|s| s.last_error_at()),
+            healthy_since: listener_stats.as_ref().and_then(|s| s.healthy_since()),
+            backend: listener_stats.and_then(|s| s.backend()),
             uptime: self.started.elapsed(),
         }
     }
@@ -296,25 +369,7 @@ impl Core {
                 state.monitors.insert(worker.id);
             }
         }
-        let stats = self.stats(1);
-        let mut fields = serde_json::Map::new();
-        fields.insert("workers".into(), stats.workers.into());
-        fields.insert("channels".into(), stats.channels.into());
-        fields.insert("listener_healthy".into(), stats.listener_healthy.into());
-        fields.insert("reconnects".into(), stats.reconnects.into());
-        fields.insert("wakes_received".into(), stats.wakes_received.into());
-        fields.insert("frames_sent".into(), stats.frames_sent.into());
-        fields.insert(
-            "dropped_durable_wakes".into(),
-            stats.dropped_durable_wakes.into(),
-        );
-        fields.insert("evicted_workers".into(), stats.evicted_workers.into());
-        fields.insert("rejected_peers".into(), stats.rejected_peers.into());
-        fields.insert("listener_restarts".into(), stats.listener_restarts.into());
-        fields.insert("threads".into(), stats.threads.into());
-        fields.insert("last_error".into(), stats.last_error.into());
-        fields.insert("uptime".into(), stats.uptime.as_secs_f64().into());
-        fields.insert("pid".into(), std::process::id().into());
+        let fields = self.stats(1).fields();
         let mut reply = serde_json::Map::new();
         reply.insert("t".into(), crate::protocol::STATS_KIND.into());
         reply.insert("stats".into(), fields.into());
@@ -541,25 +596,24 @@ async fn accept_loop(
                 continue;
             }
         };
-        let peer_uid = stream.peer_cred().map(|cred| cred.uid());
+        let cred = stream.peer_cred();
+        let peer_uid = cred.as_ref().map(|cred| cred.uid()).map_err(|e| e.kind().into());
         if peer_uid.as_ref().ok() != Some(&own_uid) {
             refuse_peer(&core, &stream, peer_uid, own_uid);
             continue;
         }
+        let peer_pid = cred.ok().and_then(|cred| cred.pid());
         let worker = {
             let mut state = core.state();
             let id = state.next_worker_id;
             state.next_worker_id += 1;
-            let worker = Worker::spawn(core.clone(), id, stream);
+            let worker = Worker::spawn(core.clone(), id, peer_pid, stream);
             state.workers.insert(id, worker.clone());
             worker
         };
-        core.send(
-            &worker,
-            Message::Status {
-                healthy: core.healthy.load(Ordering::Relaxed),
-            },
-        );
+        if let Some(healthy) = core.announced_health() {
+            core.send(&worker, Message::Status { healthy });
+        }
     }
 }
 

@@ -52,6 +52,8 @@ struct Outbox {
 
 pub struct Worker {
     pub id: WorkerId,
+    /// The peer process (SO_PEERCRED), for log lines an operator can act on.
+    peer_pid: Option<i32>,
     fd: RawFd,
     outbox: Mutex<Outbox>,
     ready: Notify,
@@ -59,10 +61,25 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// "connection 3 (pid 4242)": the hub's connection number (connections
+    /// are not Puma's worker numbers) and the process on the other end.
+    pub fn label(&self) -> String {
+        match self.peer_pid {
+            Some(pid) => format!("connection {} (pid {pid})", self.id),
+            None => format!("connection {}", self.id),
+        }
+    }
+
     /// Splits `stream` and spawns its reader and writer on the current runtime.
-    pub fn spawn(core: Arc<Core>, id: WorkerId, stream: UnixStream) -> Arc<Self> {
+    pub fn spawn(
+        core: Arc<Core>,
+        id: WorkerId,
+        peer_pid: Option<i32>,
+        stream: UnixStream,
+    ) -> Arc<Self> {
         let worker = Arc::new(Self {
             id,
+            peer_pid,
             fd: stream.as_raw_fd(),
             outbox: Mutex::default(),
             ready: Notify::new(),
@@ -167,8 +184,8 @@ async fn read_loop(worker: Arc<Worker>, mut read: OwnedReadHalf, core: Arc<Core>
                 Ok(received) => received,
                 Err(_) => {
                     core.log.warn(format!(
-                        "worker {} sent part of a frame and then nothing for {}s — disconnecting it",
-                        worker.id,
+                        "{} sent part of a frame and then nothing for {}s — disconnecting it",
+                        worker.label(),
                         FRAME_COMPLETION_TIMEOUT.as_secs()
                     ));
                     break;
@@ -190,8 +207,8 @@ async fn read_loop(worker: Arc<Worker>, mut read: OwnedReadHalf, core: Arc<Core>
                 Ok(Some(Ok(message))) => message,
                 Ok(Some(Err(e))) | Err(e) => {
                     core.log.warn(format!(
-                        "worker {} protocol error: {e} — disconnecting it",
-                        worker.id
+                        "{} protocol error: {e} — disconnecting it",
+                        worker.label()
                     ));
                     break 'connection;
                 }
@@ -221,8 +238,8 @@ fn handle(core: &Arc<Core>, worker: &Arc<Worker>, message: Message) -> bool {
         Message::Sub(queue) => {
             if worker.pending_subs.load(Ordering::Relaxed) >= MAX_PENDING_SUBS {
                 core.log.warn(format!(
-                    "worker {} has {MAX_PENDING_SUBS} subscriptions awaiting LISTEN (a sub flood) — disconnecting it",
-                    worker.id
+                    "{} has {MAX_PENDING_SUBS} subscriptions awaiting LISTEN (a sub flood) — disconnecting it",
+                    worker.label()
                 ));
                 return false;
             }
@@ -247,13 +264,13 @@ fn handle(core: &Arc<Core>, worker: &Arc<Worker>, message: Message) -> bool {
                 .map(|t| t.to_string())
                 .unwrap_or_else(|| "none".into());
             core.log.warn(format!(
-                "worker {} sent unknown frame (t={kind}) — ignored",
-                worker.id
+                "{} sent unknown frame (t={kind}) — ignored",
+                worker.label()
             ));
         }
         other => core.log.warn(format!(
-            "worker {} sent a hub-to-worker frame ({}) — ignored",
-            worker.id,
+            "{} sent a hub-to-worker frame ({}) — ignored",
+            worker.label(),
             other.kind()
         )),
     }

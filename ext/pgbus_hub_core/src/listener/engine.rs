@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
+use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
@@ -78,8 +78,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         stop: watch::Receiver<bool>,
         on_event: F,
     ) -> Self {
-        stats.healthy.store(false, Ordering::Release);
-        stats.backend_pid.store(0, Ordering::Release);
+        stats.set_healthy(false);
+        stats.set_backend(None);
         stats.channels.store(0, Ordering::Relaxed);
         Self {
             config,
@@ -116,7 +116,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
     fn shutdown(&mut self) {
         self.set_healthy(false);
-        self.stats.backend_pid.store(0, Ordering::Release);
+        self.stats.set_backend(None);
         for (_, reply) in self.pending.drain(..) {
             reply.send(Err(ListenError::Stopped));
         }
@@ -131,7 +131,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
     fn lost(&mut self, reason: &str) {
         self.stats.set_last_error(reason);
-        self.stats.backend_pid.store(0, Ordering::Release);
+        self.stats.set_backend(None);
         self.live.clear();
         self.config.log.warn(format!(
             "pgbus-hub listener lost its PostgreSQL connection ({reason}) — reconnecting"
@@ -142,7 +142,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     fn set_healthy(&mut self, healthy: bool) {
         if self.healthy != healthy {
             self.healthy = healthy;
-            self.stats.healthy.store(healthy, Ordering::Release);
+            self.stats.set_healthy(healthy);
             (self.on_event)(Event::Healthy(healthy));
         }
     }
@@ -174,7 +174,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 tokio::time::sleep(delay).await;
                 let session = options.connect().await.map_err(|e| (false, e.0))?;
                 match check_primary(&session).await {
-                    Ok(pid) => Ok((session, pid)),
+                    Ok(backend) => Ok((session, backend)),
                     Err(failure) => {
                         session.close(CLOSE_GRACE).await;
                         Err(failure)
@@ -193,9 +193,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
             };
             match outcome {
-                Ok((session, pid)) => match self.relisten(&session).await {
+                Ok((session, backend)) => match self.relisten(&session).await {
                     Ok(()) => {
-                        self.up(pid);
+                        self.up(backend);
                         return Some(session);
                     }
                     Err(OpError::Stopped) => {
@@ -227,18 +227,16 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    fn up(&mut self, pid: u32) {
-        self.stats.backend_pid.store(pid, Ordering::Release);
+    fn up(&mut self, backend: Backend) {
+        let pid = backend.pid;
+        self.stats.set_backend(Some(backend));
         self.live = self.channels.keys().cloned().collect();
         for (channel, reply) in std::mem::take(&mut self.pending) {
             if self.live.contains(&channel) {
                 reply.send(Ok(()));
             } else {
                 // Unreachable: unlisten answers the pending listens it cancels.
-                reply.send(Err(ListenError::Failed {
-                    channel,
-                    reason: "unlistened before LISTEN could run".into(),
-                }));
+                reply.send(Err(ListenError::Withdrawn { channel }));
             }
         }
         if self.ever_connected {
@@ -306,10 +304,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             .partition(|(c, _)| *c == channel);
         self.pending = kept;
         for (channel, reply) in cancelled {
-            reply.send(Err(ListenError::Failed {
-                channel,
-                reason: "unlistened before LISTEN could run".into(),
-            }));
+            reply.send(Err(ListenError::Withdrawn { channel }));
         }
         self.live.remove(&channel).then_some(channel)
     }
@@ -577,12 +572,14 @@ fn op_reason(error: &OpError) -> String {
     }
 }
 
-/// Backend pid, and a refusal if the server is a standby (NOTIFY is never
-/// delivered on a hot standby: LISTEN there would wait forever).
-async fn check_primary(session: &Connected) -> Result<u32, (bool, String)> {
-    let query = session
-        .client
-        .simple_query("SELECT pg_backend_pid()::text, pg_is_in_recovery()::text");
+/// The backend (pid, database, client address), and a refusal if the server
+/// is a standby (NOTIFY is never delivered on a hot standby: LISTEN there
+/// would wait forever).
+async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
+    let query = session.client.simple_query(
+        "SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, current_database(), \
+         inet_client_addr()::text",
+    );
     let messages = match tokio::time::timeout(PROBE_TIMEOUT, query).await {
         Ok(Ok(messages)) => messages,
         Ok(Err(error)) => {
@@ -609,5 +606,9 @@ async fn check_primary(session: &Connected) -> Result<u32, (bool, String)> {
                 .into(),
         ));
     }
-    Ok(pid)
+    Ok(Backend {
+        pid,
+        database: row.get(2).unwrap_or_default().to_owned(),
+        client_addr: row.get(3).map(str::to_owned),
+    })
 }

@@ -12,9 +12,9 @@ mod engine;
 mod standalone;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -102,8 +102,10 @@ pub enum ListenError {
     /// [`StandaloneListener::ensure_listening`] gave up waiting; the request
     /// stays queued and is LISTENed when the connection allows.
     Timeout,
-    /// The server refused the LISTEN, the name cannot be sent (NUL byte), or
-    /// the queue was unlistened before its LISTEN could run.
+    /// The queue was unlistened (its last subscriber withdrew) before its
+    /// LISTEN could run: nothing is wrong with the name or the server.
+    Withdrawn { channel: String },
+    /// The server refused the LISTEN or the name cannot be sent.
     Failed {
         channel: String,
         reason: String,
@@ -124,6 +126,9 @@ impl fmt::Display for ListenError {
             }
             Self::Stopped => f.write_str("the listener stopped before LISTEN ran"),
             Self::Timeout => f.write_str("timed out waiting for LISTEN to run"),
+            Self::Withdrawn { channel } => {
+                write!(f, "{channel:?} was unsubscribed before its LISTEN could run")
+            }
             Self::Failed { channel, reason } => write!(f, "LISTEN {channel:?} failed: {reason}"),
         }
     }
@@ -223,6 +228,23 @@ impl ListenerHandle {
     }
 }
 
+/// The server session the engine LISTENs on, as the server sees it: what
+/// `pgbus-hub status` needs to count this host's connections and no others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    pub pid: u32,
+    pub database: String,
+    /// `inet_client_addr()`: None over a Unix socket.
+    pub client_addr: Option<String>,
+}
+
+/// The last connection error and when it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastError {
+    pub message: String,
+    pub at: SystemTime,
+}
+
 /// Counters and state published by the engine (readable from any thread).
 #[derive(Default, Debug)]
 pub struct ListenerStats {
@@ -232,8 +254,17 @@ pub struct ListenerStats {
     notifications: AtomicU64,
     ignored_notifications: AtomicU64,
     channels: AtomicUsize,
-    backend_pid: AtomicU32,
-    last_error: Mutex<Option<String>>,
+    backend: Mutex<Option<Backend>>,
+    last_error: Mutex<Option<LastError>>,
+    /// When the engine last became healthy; None while it is not.
+    healthy_since: Mutex<Option<SystemTime>>,
+}
+
+/// Stats are plain values: a panic elsewhere cannot leave them half-written.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl ListenerStats {
@@ -263,23 +294,39 @@ impl ListenerStats {
     }
     /// The PostgreSQL backend pid of the live connection.
     pub fn backend_pid(&self) -> Option<u32> {
-        match self.backend_pid.load(Ordering::Acquire) {
-            0 => None,
-            pid => Some(pid),
-        }
+        lock(&self.backend).as_ref().map(|backend| backend.pid)
+    }
+    /// The live connection's backend (pid, database, client address).
+    pub fn backend(&self) -> Option<Backend> {
+        lock(&self.backend).clone()
     }
     pub fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        lock(&self.last_error).as_ref().map(|e| e.message.clone())
+    }
+    /// The last error with its time; compare with [`Self::healthy_since`] to
+    /// tell a current problem from one that was resolved.
+    pub fn last_error_at(&self) -> Option<SystemTime> {
+        lock(&self.last_error).as_ref().map(|e| e.at)
+    }
+    pub fn healthy_since(&self) -> Option<SystemTime> {
+        *lock(&self.healthy_since)
     }
 
     fn set_last_error(&self, error: &str) {
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
+        *lock(&self.last_error) = Some(LastError {
+            message: error.to_string(),
+            at: SystemTime::now(),
+        });
+    }
+
+    fn set_backend(&self, backend: Option<Backend>) {
+        *lock(&self.backend) = backend;
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        let mut since = lock(&self.healthy_since);
+        self.healthy.store(healthy, Ordering::Release);
+        *since = healthy.then(SystemTime::now);
     }
 }
 
