@@ -52,6 +52,14 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(pop(queue)).to have_attributes(queue_name: name, payload: "ok")
   end
 
+  it "connects with gssencmode=disable (pgbus's integration helper always adds it), refuses require by name" do
+    l = described_class.new(connection: TestDatabase.keywords(gssencmode: "disable"), dispatch_queue: Queue.new).start
+    (@listeners ||= []) << l
+    expect(l.ensure_listening("gss_ok")).to eq(:done)
+    expect { described_class.new(connection: TestDatabase.keywords(gssencmode: "require"), dispatch_queue: Queue.new).start }
+      .to raise_error(ArgumentError, /gssencmode=require is not supported: pgbus-hub never uses GSS encryption/)
+  end
+
   it "raises InvalidQueueError for names PostgreSQL would truncate or cannot take" do
     l = listener.start
     expect { l.ensure_listening("") }.to raise_error(Pgbus::Hub::InvalidQueueError, /empty/)

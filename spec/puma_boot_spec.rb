@@ -87,6 +87,36 @@ RSpec.describe Pgbus::Hub::Boot do
     bad.stop
   end
 
+  it "before_fork binds at once when ready; says ERROR for a refused configuration, WARN for a missing one" do
+    path = File.join(@dir, "bf.sock")
+    boot = described_class.new(socket_path: path, settings: -> { settings }, poll_interval: 60, logger: logger).start
+    boot.boot_before_fork # synchronous: bound when it returns, no poll tick needed
+    expect(File.socket?(path)).to be(true)
+    expect(out.string.scan("master hub listening at #{path}").size).to eq(1)
+    boot.stop
+
+    refused = described_class.new(socket_path: File.join(@dir, "r.sock"), poll_interval: 60, logger: logger,
+                                  settings: -> { raise Pgbus::Hub::Error, "streams_connection_options is a Proc" }).start
+    refused.boot_before_fork
+    expect(out.string).to include("ERROR -- : [pgbus-hub] no master hub: streams_connection_options is a Proc")
+    expect(out.string).not_to include("no hub configuration yet")
+    refused.stop
+
+    missing = described_class.new(socket_path: File.join(@dir, "m.sock"), settings: -> { nil }, poll_interval: 60,
+                                  logger: logger).start
+    missing.boot_before_fork
+    expect(out.string).to match(/WARN -- : \[pgbus-hub\] no hub configuration yet as workers fork \(no preload_app!\?\)/)
+    missing.stop
+  end
+
+  it "refuses pgbus connection options it cannot use (a Proc) by name, instead of waiting for them" do
+    config = Struct.new(:streams_enabled, :streams_connection_options).new(true, -> { :raw_connection })
+    expect { Pgbus::Hub::PgbusIntegration.settings(config) }
+      .to raise_error(Pgbus::Hub::Error, /streams_connection_options is a Proc; the hub needs a libpq String/)
+    config.streams_connection_options = { host: "127.0.0.1", port: 5432, dbname: "x", variables: { "a" => "b" } }
+    expect(Pgbus::Hub::PgbusIntegration.settings(config).connection).to eq(config.streams_connection_options)
+  end
+
   it "SharedHub: two boots in one process run ONE native hub" do
     before = TestDatabase.census
     a = described_class.new(socket_path: File.join(@dir, "d.sock"), settings: -> { settings }, poll_interval: 0.05,

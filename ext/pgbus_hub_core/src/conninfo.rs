@@ -65,7 +65,6 @@ const UNSUPPORTED_KEYWORDS: &[&str] = &[
     "ssl_max_protocol_version",
     "sslcompression",
     "requiressl",
-    "gssencmode",
     "gsslib",
     "gssdelegation",
     "krbsrvname",
@@ -143,6 +142,9 @@ pub struct ConnectionOptions {
     tls: TlsPolicy,
     connector: MakeRustlsConnect,
     variables: Vec<(String, String)>,
+    /// `gssencmode` as given (disable or prefer): shown in the debug log line,
+    /// since it changes nothing here.
+    gssencmode: Option<String>,
 }
 
 /// The connection's server-to-client traffic that is not a query response.
@@ -395,6 +397,7 @@ pub fn describe(error: &tokio_postgres::Error) -> String {
 #[derive(Default)]
 struct Intercepted {
     sslmode: Option<TlsPolicy>,
+    gssencmode: Option<String>,
     application_name: Option<String>,
     fallback_application_name: Option<String>,
 }
@@ -405,6 +408,10 @@ impl Intercepted {
         match key {
             "sslmode" => {
                 self.sslmode = Some(parse_sslmode(value)?);
+                Ok(true)
+            }
+            "gssencmode" => {
+                self.gssencmode = Some(parse_gssencmode(value)?);
                 Ok(true)
             }
             "application_name" => {
@@ -464,11 +471,19 @@ impl Intercepted {
             TlsPolicy::Prefer => SslMode::Prefer,
             TlsPolicy::Require => SslMode::Require,
         });
+        // libpq reads PGGSSENCMODE when the options say nothing: refuse `require` there too.
+        let gssencmode = match self.gssencmode {
+            Some(mode) => Some(mode),
+            None => env_nonempty("PGGSSENCMODE")
+                .map(|mode| parse_gssencmode(&mode))
+                .transpose()?,
+        };
         Ok(ConnectionOptions {
             config,
             tls,
             connector: make_tls()?,
             variables: Vec::new(),
+            gssencmode,
         })
     }
 }
@@ -486,6 +501,22 @@ fn parse_sslmode(value: &str) -> Result<TlsPolicy, ConfigError> {
         ))),
         other => Err(config_error(format!(
             "invalid sslmode {other:?} (expected disable, allow, prefer, require)"
+        ))),
+    }
+}
+
+/// pgbus-hub never uses GSSAPI encryption: `disable` and `prefer` (libpq's
+/// default, which falls back to no GSS encryption) connect exactly as without
+/// the option; `require` cannot be honoured and is refused.
+fn parse_gssencmode(value: &str) -> Result<String, ConfigError> {
+    match value {
+        "disable" | "prefer" => Ok(value.to_string()),
+        "require" => Err(config_error(
+            "gssencmode=require is not supported: pgbus-hub never uses GSS encryption \
+             (use gssencmode=disable or prefer, or leave it out; TLS is sslmode)",
+        )),
+        other => Err(config_error(format!(
+            "invalid gssencmode {other:?} (expected disable, prefer or require)"
         ))),
     }
 }
@@ -752,6 +783,9 @@ impl fmt::Display for ConnectionOptions {
             TlsPolicy::Require => "require",
         };
         write!(f, " sslmode={mode}")?;
+        if let Some(gss) = &self.gssencmode {
+            write!(f, " gssencmode={gss} (GSS encryption is never used)")?;
+        }
         if self.config.get_password().is_some() {
             f.write_str(" password=[redacted]")?;
         }
@@ -870,6 +904,39 @@ mod tests {
                 ("user".to_string(), "x y".to_string()),
             ]
         );
+    }
+
+    /// pgbus's own integration helper appends `gssencmode=disable` to every URL.
+    #[test]
+    fn gssencmode_disable_and_prefer_are_accepted_require_is_refused_by_name() {
+        for (given, shown) in [
+            ("postgres://u@h/db?gssencmode=disable", "gssencmode=disable"),
+            ("host=h dbname=db gssencmode=prefer", "gssencmode=prefer"),
+            (
+                "postgres://u@h/db?gssencmode=disable&fallback_application_name=pgbus-listen",
+                "gssencmode=disable",
+            ),
+        ] {
+            let options = ConnectionOptions::parse(given).expect(given);
+            assert!(options.to_string().contains(shown), "{given}: {options}");
+            assert_eq!(options.application_name(), "pgbus-listen");
+        }
+        let pairs = ConnectionOptions::from_pairs(vec![
+            ("host".into(), "h".into()),
+            ("gssencmode".into(), "disable".into()),
+        ])
+        .expect("a Hash with gssencmode: disable");
+        assert!(pairs.to_string().contains("gssencmode=disable"));
+        for (given, expected) in [
+            (
+                "host=h gssencmode=require",
+                "gssencmode=require is not supported",
+            ),
+            ("postgres://h/db?gssencmode=sometimes", "invalid gssencmode"),
+        ] {
+            let error = ConnectionOptions::parse(given).unwrap_err().to_string();
+            assert!(error.contains(expected), "{given}: {error}");
+        }
     }
 
     #[test]

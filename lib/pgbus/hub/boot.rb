@@ -105,6 +105,8 @@ module Pgbus
           return PgbusIntegration.settings if defined?(PgbusIntegration) && PgbusIntegration.pgbus?
 
           nil
+        rescue Pgbus::Hub::Error
+          raise # a configuration the hub refuses: not "not ready yet"
         rescue StandardError
           nil
         end
@@ -154,8 +156,12 @@ module Pgbus
       # the hub binds here and no worker ever starts before it. The poller
       # stays only for a configuration that arrives later.
       def boot_before_fork
-        settings = ready_settings
+        refusal = nil
+        settings = ready_settings(refusal: ->(error) { refusal = error })
         return boot_hub(settings) if settings
+        if refusal
+          return @logger&.error("[pgbus-hub] no master hub: #{refusal.message} — workers use their own LISTEN connections")
+        end
 
         @logger&.warn("[pgbus-hub] no hub configuration yet as workers fork (no preload_app!?): waiting up to " \
                       "#{format_seconds(@deadline)}s; until it starts, workers use their own LISTEN connections")
@@ -195,8 +201,14 @@ module Pgbus
         end
       end
 
-      def ready_settings
+      # nil while the configuration is not ready. A refused one (Pgbus::Hub::Error)
+      # is reported only when `refusal` is given: while the app is still loading,
+      # pgbus may briefly hand out a fallback (a Proc) that is replaced later.
+      def ready_settings(refusal: nil)
         @settings.call
+      rescue Pgbus::Hub::Error => e
+        refusal&.call(e)
+        nil
       rescue StandardError
         nil
       end

@@ -54,7 +54,11 @@ module Pgbus
           return nil unless config.respond_to?(:streams_enabled) && config.streams_enabled
 
           connection = config.streams_connection_options
-          return nil unless connection.is_a?(String) || connection.is_a?(Hash)
+          unless connection.is_a?(String) || connection.is_a?(Hash)
+            # pgbus's own streamer refuses these too (a Proc is a shared ActiveRecord connection).
+            raise Pgbus::Hub::Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a " \
+                                     "libpq String (URL or keywords) or a Hash (set streams_database_url or database_url)"
+          end
 
           Settings.new(scope: scope_of(config), connection: connection, health_check_ms: health_check_ms(config),
                        channel_prefix: channel_affix(:CHANNEL_PREFIX, "pgmq.q_"),
