@@ -32,4 +32,5 @@ end
 loader = Zeitwerk::Loader.for_gem(warn_on_extra_files: false)
 loader.ignore("#{__dir__}/puma")
 loader.setup
+require_relative "../../namespace" # the rest of real pgbus's top-level names (after setup: autoloads count)
 loader.eager_load if ENV["PGBUS_STANDIN_EAGER"] == "1"

@@ -14,7 +14,7 @@ module Pgbus
       when Hash
         opts = options.transform_keys(&:to_sym)
         variables = opts.delete(:variables) || {}
-        opts[:fallback_application_name] = APP_NAME unless opts.key?(:application_name)
+        opts[:fallback_application_name] = APP_NAME unless opts.key?(:application_name) || opts.key?(:fallback_application_name)
         PG.connect(**opts).tap do |conn|
           variables.each { |name, value| conn.exec("SET #{name} = #{conn.escape_literal(value.to_s)}") }
         end

@@ -14,20 +14,20 @@ module Pgbus
 
         def current
           @mutex.synchronize do
-            @current = nil unless @pid == Process.pid
-            @pid = Process.pid
+            @current = nil unless @pid == ::Process.pid
+            @pid = ::Process.pid
             @current ||= Instance.new.start
           end
         end
 
         def reset!
           instance = @mutex.synchronize do
-            taken = @pid == Process.pid ? @current : nil
+            taken = @pid == ::Process.pid ? @current : nil
             @current = nil
             taken
           end
           instance&.shutdown!
-          Pgbus.logger.info("[Pgbus::Streamer] reset! (pid #{Process.pid})")
+          Pgbus.logger.info("[Pgbus::Streamer] reset! (pid #{::Process.pid})")
         end
       end
     end
