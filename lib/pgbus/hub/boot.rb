@@ -100,11 +100,16 @@ module Pgbus
         # The Settings of whichever configuration is in charge, or nil while
         # it is not ready (pgbus: streams_enabled and connection options a
         # String or Hash; standalone: Pgbus::Hub.configure ran with a connection).
+        #
+        # Off the main thread (the poller), pgbus's configuration is read only
+        # once the app has run Pgbus.configure: reading it earlier, while the app
+        # is still loading, can create it before (and instead of) the app's own.
         def resolve_settings
           return Pgbus::Hub.configuration.to_settings if Pgbus::Hub.respond_to?(:configured?) && Pgbus::Hub.configured?
-          return PgbusIntegration.settings if defined?(PgbusIntegration) && PgbusIntegration.pgbus?
+          return nil unless defined?(PgbusIntegration) && PgbusIntegration.pgbus?
+          return nil unless Thread.current.equal?(Thread.main) || PgbusIntegration.app_configured?
 
-          nil
+          PgbusIntegration.settings
         rescue Pgbus::Hub::Error
           raise # a configuration the hub refuses: not "not ready yet"
         rescue StandardError
@@ -118,6 +123,7 @@ module Pgbus
                      poll_interval: self.class.env_seconds("PGBUS_HUB_BOOT_POLL", 1.0),
                      deadline: self.class.env_seconds("PGBUS_HUB_BOOT_DEADLINE", 120.0), logger: nil)
         @socket_path = socket_path
+        @owner_pid = ::Process.pid # a Boot inherited by a forked worker never starts a hub there
         @settings = settings || -> { self.class.resolve_settings }
         @poll_interval = poll_interval
         @deadline = deadline
@@ -163,8 +169,15 @@ module Pgbus
           return @logger&.error("[pgbus-hub] no master hub: #{refusal.message} — workers use their own LISTEN connections")
         end
 
-        @logger&.warn("[pgbus-hub] no hub configuration yet as workers fork (no preload_app!?): waiting up to " \
-                      "#{format_seconds(@deadline)}s; until it starts, workers use their own LISTEN connections")
+        warn_not_ready
+      end
+
+      # Right after the app's Pgbus.configure (main thread, still before fork).
+      def boot_when_configured
+        return unless ::Process.pid == @owner_pid
+
+        settings = ready_settings
+        boot_hub(settings) if settings
       end
 
       # Stops the poller and the hub. ENV stays exported (pgbus's semantics).
@@ -184,6 +197,11 @@ module Pgbus
       end
 
       private
+
+      def warn_not_ready
+        @logger&.warn("[pgbus-hub] no hub configuration yet as workers fork (no preload_app!?): waiting up to " \
+                      "#{format_seconds(@deadline)}s; until it starts, workers use their own LISTEN connections")
+      end
 
       def poll
         started = monotonic

@@ -28,8 +28,34 @@ module Pgbus
       class << self
         attr_reader :installed
 
+        # pgbus itself is loaded (its Pgbus.configuration, not just our hook).
         def pgbus?
-          ::Pgbus.respond_to?(:configuration)
+          method = ::Pgbus.method(:configuration)
+          method = method.super_method if method.owner == ConfigureHook
+          !method.nil?
+        rescue NameError
+          false
+        end
+
+        # ConfigureHook's entry: the first Pgbus.configure/configuration call
+        # after pgbus-hub loaded installs the glue (once; it is cheap to ask).
+        def install_on_first_use
+          return if @first_use_seen
+
+          @first_use_seen = true
+          install!
+        end
+
+        # The app ran Pgbus.configure: its configuration may be read from any
+        # thread now, and a Boot waiting for it (Puma master, preload) starts
+        # the hub at once, before any worker forks.
+        def app_configured!
+          @app_configured = true
+          Boot.current&.boot_when_configured
+        end
+
+        def app_configured?
+          @app_configured == true
         end
 
         def install!
@@ -154,9 +180,9 @@ module Pgbus
         # pgbus's own pgbus_streams.rb won the $LOAD_PATH, so ours never ran.
         # While the app is preloaded in the Puma master (preload_app! => this
         # is the master, before fork): register our teardown (Puma 5.6/6 never
-        # fire the :after_stopped/:before_restart keys pgbus registers) and, for
-        # a pre-#382 pgbus whose plugin boots no hub, start our Boot. A #382
-        # pgbus boots its own MasterHubBoot, which builds our hub (MasterHubSwap).
+        # fire the :after_stopped/:before_restart keys pgbus registers) and start
+        # our Boot. A #382 pgbus's MasterHubBoot, when its plugin started one,
+        # builds the same hub (MasterHubSwap -> SharedHub).
         def auto_boot!
           return if @auto_booted || Boot.current || !defined?(::Puma::Cluster) || !defined?(::Puma::Plugins)
 
@@ -174,8 +200,9 @@ module Pgbus
           launcher = runner.instance_variable_get(:@launcher)
           logger = launcher ? PumaLog.new(launcher) : nil
           register_teardown(launcher, logger) if launcher
-          return if const("Pgbus::Web::Streamer::MasterHubBoot")
-
+          # Booted even for a #382 pgbus: its plugin starts MasterHubBoot only if
+          # pgbus was loaded before the plugin started (puma.rb required it), and
+          # if it did, both boots reach the one SharedHub.
           logger&.info("[pgbus-hub] pgbus's own pgbus_streams plugin is loaded (not ours): booting the master hub at preload")
           Boot.new(logger: logger).start
         rescue StandardError => e
@@ -200,6 +227,25 @@ module Pgbus
           rescue StandardError => e
             logger&.warn("[pgbus-hub] teardown raised #{e.class}: #{e.message}")
           end
+        end
+      end
+
+      # pgbus-hub is often loaded BEFORE pgbus (our Puma plugin file requires it
+      # from puma.rb; Gemfile order), so requiring pgbus-hub cannot install the
+      # glue. Prepended to Pgbus's singleton class, this runs it at the app's first
+      # Pgbus.configure / Pgbus.configuration, before a pre-#382 pgbus's
+      # initializer sets streams_listen_scope.
+      module ConfigureHook
+        def configure(...)
+          PgbusIntegration.install_on_first_use
+          result = super
+          PgbusIntegration.app_configured!
+          result
+        end
+
+        def configuration(...)
+          PgbusIntegration.install_on_first_use
+          super
         end
       end
 
@@ -348,4 +394,5 @@ module Pgbus
   end
 end
 
+Pgbus.singleton_class.prepend(Pgbus::Hub::PgbusIntegration::ConfigureHook)
 Pgbus::Hub::PgbusIntegration.install!

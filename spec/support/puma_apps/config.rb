@@ -6,7 +6,7 @@ threads 1, 1
 bind "tcp://127.0.0.1:#{ENV.fetch('PGBUS_E2E_PORT')}"
 preload_app! ENV["PGBUS_E2E_PRELOAD"] == "1"
 fork_worker if ENV["PGBUS_E2E_FORK_WORKER"] == "1"
-rackup File.join(__dir__, "config.ru")
+rackup ENV.fetch("PGBUS_E2E_RACKUP") { File.join(__dir__, "config.ru") }
 worker_shutdown_timeout 5
 ENV.fetch("PGBUS_E2E_PLUGINS", "pgbus_streams").split(",").each { |name| plugin name.to_sym }
 

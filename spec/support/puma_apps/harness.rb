@@ -18,7 +18,8 @@ class PumaCluster
 
   attr_reader :pid, :state_dir, :port, :options
 
-  # mode: :pgbus or :standalone; shape: "pre382" / "v382"; order: :ours_first / :pgbus_first
+  # mode: :pgbus or :standalone, or :real (the pgbus on PGBUS_HUB_REAL_PGBUS_LIBS, spec/support/real_pgbus);
+  # shape: "pre382" / "v382"; order: :ours_first / :pgbus_first
   def initialize(mode:, shape: nil, order: :ours_first, workers: 4, preload: true, plugins: "pgbus_streams",
                  scope: nil, fork_worker: false, eager: false, env: {})
     @options = { mode: mode, shape: shape, order: order, workers: workers, preload: preload, plugins: plugins,
@@ -43,9 +44,13 @@ class PumaCluster
   def environment
     ours = File.join(ROOT, "lib")
     libs = [ours]
-    if @options[:mode] == :pgbus
-      standin = File.join(ROOT, "spec/support/pgbus_standin", @options[:shape], "lib")
-      libs = @options[:order] == :pgbus_first ? [standin, ours] : [ours, standin]
+    if %i[pgbus real].include?(@options[:mode])
+      pgbus = if @options[:mode] == :real
+                ENV.fetch("PGBUS_HUB_REAL_PGBUS_LIBS").split(File::PATH_SEPARATOR)
+              else
+                [File.join(ROOT, "spec/support/pgbus_standin", @options[:shape], "lib")]
+              end
+      libs = @options[:order] == :pgbus_first ? [*pgbus, ours] : [ours, *pgbus]
     end
     {
       "RUBYLIB" => libs.join(File::PATH_SEPARATOR), # survives the hot-restart exec
@@ -181,15 +186,21 @@ class PumaCluster
     census
   end
 
-  def stop(deadline: 20)
+  # TERM by default (Puma then re-raises it: the master dies of SIGTERM by
+  # design); INT stops the same way and exits 0.
+  def stop(deadline: 20, signal: "TERM")
     return unless @pid
 
     begin
-      Process.kill("TERM", @pid)
+      Process.kill(signal, @pid)
     rescue Errno::ESRCH
       nil
     end
-    stopped = wait_until(deadline) { Process.waitpid(@pid, Process::WNOHANG) }
+    stopped = wait_until(deadline) do
+      pid, status = Process.waitpid2(@pid, Process::WNOHANG)
+      @exit_status = status
+      pid
+    end
     unless stopped
       kill_group("KILL")
       Process.waitpid(@pid) rescue nil # rubocop:disable Style/RescueModifier
@@ -205,6 +216,9 @@ class PumaCluster
   def stopped_cleanly?
     @stopped_cleanly
   end
+
+  # The master's Process::Status once stop reaped it.
+  attr_reader :exit_status
 
   def final_log
     @final_log || log

@@ -3,8 +3,9 @@
 # STAND-IN for pgbus 0.13.1's hub-aware lib/puma/plugin/pgbus_streams.rb
 # (contract §4): boot MasterHubBoot in cluster mode, tear down on
 # :after_stopped / :before_restart (keys Puma 5.6/6 never fire — as in pgbus).
+# Like pgbus's, it does not require pgbus: MasterHubBoot is booted only if puma.rb
+# (or something before it) already loaded pgbus when the plugin starts.
 require "puma/plugin"
-require "pgbus"
 
 Puma::Plugin.create do
   def start(launcher)
@@ -12,7 +13,8 @@ Puma::Plugin.create do
     boot_master_hub(launcher)
     launcher.events.register(:after_stopped) { teardown_master_hub; teardown_streamer }
     launcher.events.register(:before_restart) { teardown_master_hub; teardown_streamer }
-    Pgbus.logger.info("[Pgbus::Puma::Plugin] pgbus (#382) pgbus_streams plugin started")
+    writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
+    writer.log("[Pgbus::Puma::Plugin] pgbus (#382) pgbus_streams plugin started")
   end
 
   private
@@ -47,6 +49,6 @@ Puma::Plugin.create do
 
   def log_error(error)
     message = "[Pgbus::Puma::Plugin] streamer teardown raised: #{error.class}: #{error.message}"
-    @launcher.respond_to?(:log_writer) ? @launcher.log_writer.log(message) : Pgbus.logger.warn(message)
+    @launcher.respond_to?(:log_writer) ? @launcher.log_writer.log(message) : @launcher.events.log(message)
   end
 end
