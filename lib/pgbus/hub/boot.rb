@@ -145,11 +145,11 @@ module Pgbus
         ENV[ENV_KEY] = @socket_path
         self.class.current = self
         @poller = Thread.new do
-          Thread.current.name = "pgbus-hub boot"
-          Thread.current.thread_variable_set(:fork_safe, true) # master-only; Puma's preload thread check
           Thread.current.report_on_exception = false
           poll
         end
+        @poller.name = "pgbus-hub boot"
+        @poller.thread_variable_set(:fork_safe, true) # master-only; Puma 7+'s preload thread check
         self
       end
 

@@ -22,6 +22,8 @@ module Pgbus
           end
         end
         thread.name = name # set here, not in the thread: named from the moment it is returned
+        # Never used by a forked child (Puma 7+ warns about threads started in app boot unless marked).
+        thread.thread_variable_set(:fork_safe, true)
         thread
       end
     end
