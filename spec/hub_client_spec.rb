@@ -83,6 +83,7 @@ RSpec.describe Pgbus::Hub::HubClient do
     called = false
     c = client(File.join(@dir, "slow.sock"), ack_timeout: 30, on_failure: -> { called = true }).connect
     waiter = Thread.new { c.ensure_listening("never") }
+    waiter.report_on_exception = false # its HubUnavailableError is the expected outcome, read below
     sleep 0.1
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     c.stop
@@ -151,7 +152,8 @@ RSpec.describe Pgbus::Hub::HubClient do
       Timeout.timeout(10) { (received += 1 if queue.pop.queue_name == "storm") while received < 2000 }
       expect(failed).to be(false)
       expect(c).not_to be_dead
-      puts format("  [acks under GVL contention + storm: max %.1f ms over 20 subs]", acks.max * 1000)
+      # The figure for benchmarking notes, on request only (the normal run stays quiet).
+      warn format("  [acks under GVL contention + storm: max %.1f ms over 20 subs]", acks.max * 1000) if ENV["PGBUS_HUB_FIGURES"]
     end
 
     it "reports its live threads (pump, log drain) for pgbus's leak check; [] after stop" do

@@ -28,6 +28,12 @@ fn database_url() -> String {
         .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".to_string())
 }
 
+/// The run's own database (`rake test` creates one per run and sets this), for
+/// the tests below that spell out their own connection strings.
+fn test_dbname() -> String {
+    std::env::var("PGBUS_HUB_TEST_DBNAME").unwrap_or_else(|_| "pgbus_hub_test".to_string())
+}
+
 fn tag() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -496,8 +502,8 @@ async fn sslmode_require_over_tcp_is_encrypted() {
     if options().await.is_none() {
         return;
     }
-    let url = "host=127.0.0.1 port=5432 dbname=pgbus_hub_test sslmode=require";
-    let options = ConnectionOptions::parse(url).unwrap();
+    let url = format!("host=127.0.0.1 port=5432 dbname={} sslmode=require", test_dbname());
+    let options = ConnectionOptions::parse(&url).unwrap();
     let admin = match options.connect().await {
         Ok(admin) => admin,
         Err(error) => {
@@ -507,7 +513,8 @@ async fn sslmode_require_over_tcp_is_encrypted() {
     };
     for (mode, encrypted) in [("require", true), ("disable", false), ("prefer", true)] {
         let options = ConnectionOptions::parse(&format!(
-            "host=127.0.0.1 port=5432 dbname=pgbus_hub_test sslmode={mode}"
+            "host=127.0.0.1 port=5432 dbname={} sslmode={mode}",
+            test_dbname()
         ))
         .unwrap();
         let mut engine = engine(options);
@@ -535,13 +542,15 @@ async fn url_keyword_and_pairs_forms_connect() {
         (
             "url",
             ConnectionOptions::parse(&format!(
-                "postgresql:///pgbus_hub_test?host=%2Fvar%2Frun%2Fpostgresql&application_name=url-{tag}"
+                "postgresql:///{}?host=%2Fvar%2Frun%2Fpostgresql&application_name=url-{tag}",
+                test_dbname()
             )),
         ),
         (
             "keywords",
             ConnectionOptions::parse(&format!(
-                "host=/var/run/postgresql dbname = pgbus_hub_test application_name='kw {tag}'"
+                "host=/var/run/postgresql dbname = {} application_name='kw {tag}'",
+                test_dbname()
             )),
         ),
         (
@@ -549,7 +558,7 @@ async fn url_keyword_and_pairs_forms_connect() {
             ConnectionOptions::from_pairs(vec![
                 ("host".into(), "127.0.0.1".into()),
                 ("port".into(), "5432".into()),
-                ("dbname".into(), "pgbus_hub_test".into()),
+                ("dbname".into(), test_dbname()),
                 ("sslmode".into(), "disable".into()),
                 ("connect_timeout".into(), "5".into()),
                 ("fallback_application_name".into(), format!("pairs-{tag}")),
