@@ -42,8 +42,12 @@ File.write("Makefile", <<~MAKE)
 
   all: $(DLIB)
 
+  # RubyGems exports SOURCE_DATE_EPOCH; ring's build script reruns whenever it
+  # changes, so a shared CARGO_TARGET_DIR would rebuild ring and rustls after
+  # every gem install (and again at the next `rake compile`). The Rust build
+  # embeds no timestamps, so cargo runs without it.
   $(DLIB):
-  \tRUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked --manifest-path #{sh[manifest]} -p pgbus_hub
+  \tenv -u SOURCE_DATE_EPOCH RUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked --manifest-path #{sh[manifest]} -p pgbus_hub
   \tcp #{sh[built]} $(DLIB)
 
   install: $(DLIB)
