@@ -120,6 +120,19 @@ RSpec.describe Pgbus::Hub::MasterHub do
     expect(out.string).to include("stopped")
   end
 
+  it "answers a refused queue name with a nack and ONE warning naming the connection" do
+    out = StringIO.new
+    hub = start_hub(logger: Logger.new(out))
+    peer = WirePeer.new(hub.socket_path)
+    queue = "x" * 70
+    peer.send_frame({ "t" => "sub", "q" => queue })
+    expect(peer.next_non_status).to include("t" => "nack", "q" => queue)
+    wait_for("the warning") { out.string.include?("refused") }
+    warnings = out.string.lines.grep(/WARN/).grep(/#{queue}/)
+    expect(warnings.size).to eq(1), warnings.join
+    expect(warnings.first).to match(/connection \d+ \(pid #{Process.pid}\) subscribed to "x{70}": .*63 bytes.* — refused/)
+  end
+
   it "loses no wake committed after an ack, under a NOTIFY storm" do
     hub = start_hub
     storm = Thread.new do

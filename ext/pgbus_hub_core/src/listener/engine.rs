@@ -282,7 +282,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 Some((channel, reply))
             }
             Err(error) => {
-                self.config.log.warn(format!(
+                // Debug only: whoever asked reports the refusal once, where it
+                // knows who asked (the hub: WARN naming the connection; a
+                // standalone listener: InvalidQueueError to its caller).
+                self.config.log.debug(format!(
                     "pgbus-hub listener: not LISTENing on {queue:?}: {error}"
                 ));
                 reply.send(Err(error));
