@@ -85,6 +85,19 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
     end
   end
 
+  it "reports a hub whose database is unreachable as degraded (exit 1), its error as current" do
+    Dir.mktmpdir do |dir|
+      # Port 1 on loopback: nothing listens there, so every connect is refused at once.
+      hub = Pgbus::Hub::MasterHub.new(connection: "host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1",
+                                      socket_path: File.join(dir, "h.sock")).start
+      wait_for("a failed attempt", timeout: 10) { hub.stats[:last_error] }
+      out, code = status("--socket", hub.socket_path)
+      expect([code, out]).to match([1, /degraded.*listener healthy: false.*last error: .+\(at .+ UTC, current\)/m])
+    ensure
+      hub&.stop
+    end
+  end
+
   it "follows CLI conventions: usage on stderr and exit 64 for bad input, --help exits 0" do
     run = lambda do |*args|
       out, err, st = Open3.capture3({ "RUBYLIB" => File.join(ROOT, "lib") }, RbConfig.ruby,
