@@ -92,7 +92,8 @@ RSpec.describe Pgbus::Hub::Boot do
     boot = described_class.new(socket_path: path, settings: -> { settings }, poll_interval: 60, logger: logger).start
     boot.boot_before_fork # synchronous: bound when it returns, no poll tick needed
     expect(File.socket?(path)).to be(true)
-    expect(out.string.scan("master hub listening at #{path}").size).to eq(1)
+    # Boot's own line, once (the native hub's "master hub listening at" arrives via the log drain, asynchronously)
+    expect(out.string.scan("[pgbus-hub] master hub listening at #{path} (native").size).to eq(1)
     boot.stop
 
     refused = described_class.new(socket_path: File.join(@dir, "r.sock"), poll_interval: 60, logger: logger,
