@@ -16,11 +16,13 @@
 //!   than `ack_timeout` makes `ensure_listening` time out (and fail over).
 //!
 //! Database outages are not transport failures. While the hub's last
-//! `status` says its PostgreSQL connection is down, `ensure_listening` waits
-//! at most [`UNHEALTHY_ACK_GRACE`] and returns [`Listening::AfterReconnect`]:
-//! the hub keeps the sub and LISTENs it when it reconnects, so the worker
-//! stays on the hub (one connection per host) instead of failing over to a
-//! connection of its own that it would keep after the database is back.
+//! `status` says its PostgreSQL connection is down, `ensure_listening` returns
+//! [`Listening::AfterReconnect`] on the hub's ack (our hub acks such a sub at
+//! once) or after [`UNHEALTHY_ACK_GRACE`] without one (a hub that holds the
+//! ack until it reconnects): the hub keeps the sub and LISTENs it when it
+//! reconnects, so the worker stays on the hub (one connection per host)
+//! instead of failing over to a connection of its own that it would keep
+//! after the database is back.
 //!
 //! Failure model (pgbus 0.13.1's): never retry, never reconnect. The first of
 //! EOF, reset, a protocol error from the hub, an ack timeout or a stalled write
@@ -740,7 +742,14 @@ impl Inner {
                 }
                 match waiter {
                     Some(waiter) => {
-                        let _ = waiter.outcome.try_send(Outcome::Acked);
+                        // After `healthy: false` the hub acks a sub it will
+                        // LISTEN on reconnect (frames arrive in the order sent).
+                        let outcome = if self.healthy.load(Ordering::Acquire) {
+                            Outcome::Acked
+                        } else {
+                            Outcome::HubUnhealthy
+                        };
+                        let _ = waiter.outcome.try_send(outcome);
                     }
                     None => {
                         drop(state);

@@ -64,8 +64,27 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
         assert_eq!(result.expect("not an error"), Listening::AfterReconnect);
         assert!(started.elapsed() < UNHEALTHY_ACK_GRACE + Duration::from_millis(500));
     }
+    // Our hub acks a sub at once during an outage: after `healthy: false`
+    // an ack means "LISTENed on reconnect", not "listening now".
+    let acked_in_outage = {
+        let client = Arc::clone(&client);
+        thread::spawn(move || client.ensure_listening("acked_in_outage"))
+    };
+    hub.wait_received(7);
+    hub.send(&Message::Ack("acked_in_outage".into()));
+    assert_eq!(
+        acked_in_outage
+            .join()
+            .expect("waiter")
+            .expect("not an error"),
+        Listening::AfterReconnect
+    );
     assert!(!client.is_dead());
-    assert_eq!(hub.subs().len(), 6, "every sub reached the hub, which keeps it");
+    assert_eq!(
+        hub.subs().len(),
+        7,
+        "every sub reached the hub, which keeps it"
+    );
     assert!(
         deliveries.recv_timeout(Duration::ZERO).is_none(),
         "no Failed delivery: no fail-over"
@@ -81,9 +100,12 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
         let client = Arc::clone(&client);
         thread::spawn(move || client.ensure_listening("after"))
     };
-    hub.wait_received(7);
+    hub.wait_received(8);
     hub.send(&Message::Ack("after".into()));
-    assert_eq!(acker.join().expect("acker").expect("acked"), Listening::Active);
+    assert_eq!(
+        acker.join().expect("acker").expect("acked"),
+        Listening::Active
+    );
 
     let warns: Vec<String> = logs
         .try_iter()

@@ -517,6 +517,41 @@ fn refused_queue_names_get_a_nack_not_an_ack() {
 }
 
 #[test]
+fn during_an_outage_valid_subs_are_acked_at_once_refused_names_still_nacked() {
+    let Some(fx) = Fixture::new() else { return };
+    let mut config = fx.config("outage");
+    // Nothing listens on port 1: the hub's database stays unreachable.
+    config.listener.connection =
+        ConnectionOptions::parse("host=127.0.0.1 port=1 user=nobody").unwrap();
+    let hub = MasterHub::start(config).unwrap();
+    let mut peer = Peer::connect(&hub);
+    // pgbus's client gets no status until the first attempt failed; then `healthy: false`.
+    assert!(matches!(
+        peer.next(),
+        Some(Message::Status { healthy: false })
+    ));
+    for queue in ["first", "second"] {
+        let started = Instant::now();
+        peer.subscribe(queue); // acked without a LISTEN: it runs on reconnect
+                               // Far below pgbus's ack budget (health check + 2 s): no fail-over.
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    peer.send(Message::Sub("n".repeat(64)));
+    assert!(matches!(peer.next_non_status(), Some(Message::Nack { .. })));
+    let stats = hub.stats();
+    assert!(!stats.listener_healthy);
+    assert_eq!(
+        (stats.workers, stats.channels),
+        (1, 2),
+        "both subs kept for the reconnect"
+    );
+}
+
+#[test]
 fn socket_rules_private_mode_stale_replacement_and_refusals() {
     use std::os::unix::fs::PermissionsExt;
     let Some(fx) = Fixture::new() else { return };

@@ -105,7 +105,10 @@ impl HubStats {
         put("healthy_since", unix_seconds(self.healthy_since));
         put("backend_pid", backend.map(|b| b.pid).into());
         put("database", backend.map(|b| b.database.clone()).into());
-        put("client_addr", backend.and_then(|b| b.client_addr.clone()).into());
+        put(
+            "client_addr",
+            backend.and_then(|b| b.client_addr.clone()).into(),
+        );
         put("uptime", self.uptime.as_secs_f64().into());
         put("pid", std::process::id().into());
         fields
@@ -141,6 +144,11 @@ pub(crate) struct Core {
     hard_queue_limit: usize,
     counters: Counters,
     healthy: AtomicBool,
+    /// True while the workers were last told `healthy: false` (set after that
+    /// status frame is queued to every worker, so an ack it releases follows it).
+    outage: watch::Sender<bool>,
+    /// The listener's channel rules, to tell a sub it can defer from one it refuses.
+    channels: ListenerConfig,
     started: Instant,
     state: Mutex<State>,
 }
@@ -152,29 +160,54 @@ impl Core {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN; `done`
-    /// runs when the engine answers. A NOTIFY between LISTEN and the ack is
-    /// therefore already routed to this worker and queued before its ack.
-    fn subscribe(
-        &self,
-        worker: WorkerId,
-        queue: &str,
-        done: impl FnOnce(Result<(), ListenError>) + Send + 'static,
-    ) {
+    /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN and
+    /// acks when it ran. A NOTIFY between LISTEN and the ack is therefore
+    /// already routed to this worker and queued before its ack.
+    ///
+    /// During a database outage (workers told `healthy: false`) a valid sub
+    /// is acked at once instead: it stays registered and is LISTENed on
+    /// reconnect, and while the hub has no connection no NOTIFY reaches
+    /// anyone, subscribed earlier or not. pgbus's own Ruby hub acks such a sub
+    /// after its listener's budget too; its Ruby client, left without an ack,
+    /// would fail over to a connection it cannot open during the outage and
+    /// stay without wakes until the worker recycles. Our client reads an ack
+    /// that follows `healthy: false` as "LISTENed after the reconnect".
+    fn subscribe(self: &Arc<Self>, worker: Arc<Worker>, queue: String) {
         let answer = {
             let mut state = self.state();
-            state.monitors.remove(&worker);
-            state.registry.add(worker, queue);
+            state.monitors.remove(&worker.id);
+            state.registry.add(worker.id, &queue);
             state
                 .listener
                 .as_ref()
-                .map(|(handle, _)| handle.listen(queue))
+                .map(|(handle, _)| handle.listen(&queue))
         };
+        let deferrable = self.channels.channel_for(&queue).is_ok();
+        let mut outage = self.outage.subscribe();
+        let core = self.clone();
         tokio::spawn(async move {
-            match answer {
-                Some(answer) => done(answer.await.unwrap_or(Err(ListenError::Stopped))),
-                None => done(Err(ListenError::Stopped)),
-            }
+            let Some(answer) = answer else {
+                worker.sub_answered();
+                return core.finish_subscribe(&worker, &queue, Err(ListenError::Stopped));
+            };
+            tokio::pin!(answer);
+            let in_outage = async { outage.wait_for(|down| *down).await.is_ok() };
+            let outcome = tokio::select! {
+                biased;
+                outcome = &mut answer => outcome.unwrap_or(Err(ListenError::Stopped)),
+                true = in_outage, if deferrable => {
+                    core.send(&worker, Message::Ack(queue.clone()));
+                    core.log.debug(format!(
+                        "acked {}'s sub for {queue:?} during the database outage: LISTENed on reconnect",
+                        worker.label()
+                    ));
+                    // Acked already: a later LISTEN, unsub or stop needs no answer.
+                    let _ = answer.await;
+                    return worker.sub_answered();
+                }
+            };
+            worker.sub_answered();
+            core.finish_subscribe(&worker, &queue, outcome);
         });
     }
 
@@ -267,7 +300,8 @@ impl Core {
                     self.log.warn(format!(
                         "dropped {dropped} durable wake(s) so far: {} has {} queued \
                          (durable_queue_limit); durable streams catch up on their next read",
-                        worker.label(), self.durable_queue_limit
+                        worker.label(),
+                        self.durable_queue_limit
                     ));
                 }
             }
@@ -278,7 +312,8 @@ impl Core {
                 self.log.warn(format!(
                     "evicting {}: outbound queue exceeded {} frames (worker not draining) — \
                      it falls back to its own listener",
-                    worker.label(), self.hard_queue_limit
+                    worker.label(),
+                    self.hard_queue_limit
                 ));
             }
         }
@@ -317,13 +352,17 @@ impl Core {
         let healthy = self.healthy.load(Ordering::Relaxed);
         let attempted = healthy
             || self.state().listener.as_ref().is_some_and(|(_, stats)| {
-                stats.connect_failures() > 0 || stats.reconnects() > 0 || stats.last_error().is_some()
+                stats.connect_failures() > 0
+                    || stats.reconnects() > 0
+                    || stats.last_error().is_some()
             });
         attempted.then_some(healthy)
     }
 
     fn broadcast_status(&self) {
-        let Some(healthy) = self.announced_health() else { return };
+        let Some(healthy) = self.announced_health() else {
+            return;
+        };
         let message = Message::Status { healthy };
         let Ok(frame) = message.encode() else { return };
         let frame: Frame = frame.into();
@@ -331,6 +370,8 @@ impl Core {
         for worker in workers {
             self.enqueue(&worker, frame.clone(), false);
         }
+        self.outage
+            .send_if_modified(|down| std::mem::replace(down, !healthy) == healthy);
     }
 
     /// `threads`: the caller knows whether the hub thread runs (1) or not (0).
@@ -434,6 +475,8 @@ impl MasterHub {
             hard_queue_limit: config.hard_queue_limit,
             counters: Counters::default(),
             healthy: AtomicBool::new(false),
+            outage: watch::Sender::new(false),
+            channels: config.listener.clone(),
             started: Instant::now(),
             state: Mutex::new(State {
                 registry: Registry::default(),
@@ -597,7 +640,10 @@ async fn accept_loop(
             }
         };
         let cred = stream.peer_cred();
-        let peer_uid = cred.as_ref().map(|cred| cred.uid()).map_err(|e| e.kind().into());
+        let peer_uid = cred
+            .as_ref()
+            .map(|cred| cred.uid())
+            .map_err(|e| e.kind().into());
         if peer_uid.as_ref().ok() != Some(&own_uid) {
             refuse_peer(&core, &stream, peer_uid, own_uid);
             continue;

@@ -91,6 +91,11 @@ impl Worker {
         worker
     }
 
+    /// One of this worker's subs got its answer (or needs none any more).
+    pub fn sub_answered(&self) {
+        self.pending_subs.fetch_sub(1, Ordering::Relaxed);
+    }
+
     fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
         self.outbox
             .lock()
@@ -244,13 +249,7 @@ fn handle(core: &Arc<Core>, worker: &Arc<Worker>, message: Message) -> bool {
                 return false;
             }
             worker.pending_subs.fetch_add(1, Ordering::Relaxed);
-            let worker = worker.clone();
-            let core2 = core.clone();
-            let id = worker.id;
-            core.subscribe(id, &queue.clone(), move |outcome| {
-                worker.pending_subs.fetch_sub(1, Ordering::Relaxed);
-                core2.finish_subscribe(&worker, &queue, outcome);
-            });
+            core.subscribe(worker.clone(), queue);
         }
         Message::Unsub(queue) => core.unsubscribe(worker.id, &queue),
         Message::Unknown(object)
