@@ -155,6 +155,13 @@ RSpec.describe "Pgbus::Hub standalone API" do
   it "validates listen_scope and refuses a listener before configure" do
     expect { Pgbus::Hub.listener(dispatch_queue: Queue.new) }.to raise_error(Pgbus::Hub::Error, /configure/)
     expect { Pgbus::Hub.configure { |c| c.listen_scope = :bogus } }.to raise_error(ArgumentError, /:master or :process/)
+    # A connection the hub cannot use is refused where it is written.
+    expect { Pgbus::Hub.configure { |c| c.connection = "postgress://app:s3cret@localhost/app" } }
+      .to raise_error(ArgumentError, %r{invalid connection: .*unknown URL scheme "postgress://"}) { |e| expect(e.message).not_to include("s3cret") }
+    expect { Pgbus::Hub.configure { |c| c.connection = { host: "h", nope: 1 } } }
+      .to raise_error(ArgumentError, /unknown connection option `nope`/)
+    expect { Pgbus::Hub.configure { |c| c.connection = 5432 } }.to raise_error(TypeError, /must be a String/)
+    expect(Pgbus::Hub.check_connection("postgres://u:secret@db/app")).not_to include("secret")
     expect(Pgbus::Hub.configure { |c| c.listen_scope = "process" }.listen_scope).to eq(:process)
   end
 

@@ -14,7 +14,14 @@ mod options;
 mod protocol;
 mod pump;
 
-use magnus::{prelude::*, Error, Ruby};
+use magnus::{function, prelude::*, Error, Ruby, Value};
+
+/// `Pgbus::Hub.check_connection(value)`: the connection as the hub would use
+/// it (password hidden), or the ArgumentError/TypeError the hub would raise,
+/// so a configuration is refused where it is written, not at the first LISTEN.
+fn check_connection(ruby: &Ruby, value: Value) -> Result<String, Error> {
+    Ok(options::connection(ruby, value)?.to_string())
+}
 
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
@@ -24,5 +31,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;
     listener::init(ruby, hub)?;
+    hub.define_module_function("check_connection", function!(check_connection, 1))?;
     Ok(())
 }

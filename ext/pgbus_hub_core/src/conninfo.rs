@@ -631,6 +631,24 @@ fn percent_decode(raw: &str) -> Result<String, ConfigError> {
 
 /// libpq keyword string: `key = value` pairs separated by whitespace; a value
 /// is bare or `'single-quoted'`, with `\` escaping the next character.
+/// Names the offending word only when it looks like a keyword: anything else
+/// may be a URL with a password or a stray password, and errors get logged.
+fn missing_equals(word: &str) -> String {
+    if let Some((scheme, _)) = word.split_once("://") {
+        return format!(
+            "unknown URL scheme \"{scheme}://\" in connection string (use postgres:// or postgresql://)"
+        );
+    }
+    if word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        format!("missing \"=\" after {word:?} in connection string")
+    } else {
+        format!(
+            "missing \"=\" after a word of {} characters in connection string (not shown: it may be a secret)",
+            word.chars().count()
+        )
+    }
+}
+
 fn parse_keywords(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let mut pairs = Vec::new();
     let mut chars = s.chars().peekable();
@@ -645,9 +663,7 @@ fn parse_keywords(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(config_error(format!(
-                "missing \"=\" after {key:?} in connection string"
-            )));
+            return Err(config_error(missing_equals(&key)));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -806,6 +822,18 @@ impl fmt::Debug for ConnectionOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_errors_never_echo_what_may_be_a_secret() {
+        let error = |text: &str| ConnectionOptions::parse(text).unwrap_err().to_string();
+        let typo = error("postgress://app:s3cret@db/app");
+        assert!(typo.contains("unknown URL scheme \"postgress://\""), "{typo}");
+        assert!(!typo.contains("s3cret"), "{typo}");
+        let stray = error("host=db user=app s3cret!");
+        assert!(stray.contains("a word of 7 characters"), "{stray}");
+        assert!(!stray.contains("s3cret"), "{stray}");
+        assert!(error("host=db bogus").contains("missing \"=\" after \"bogus\""));
+    }
 
     #[test]
     fn quote_ident_doubles_double_quotes_and_rejects_nul() {

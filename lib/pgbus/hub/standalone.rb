@@ -13,8 +13,8 @@ module Pgbus
     class Configuration
       VALID_LISTEN_SCOPES = %i[master process].freeze
 
-      attr_accessor :connection, :channel_prefix, :channel_suffix, :logger
-      attr_reader :listen_scope, :health_check_ms
+      attr_accessor :channel_prefix, :channel_suffix, :logger
+      attr_reader :connection, :listen_scope, :health_check_ms
 
       def initialize
         @connection = nil
@@ -23,6 +23,13 @@ module Pgbus
         @channel_suffix = ".INSERT"
         @health_check_ms = 250
         @logger = nil
+      end
+
+      # Checked here (ArgumentError/TypeError naming the problem), so a typo
+      # fails the boot instead of every worker's first subscription.
+      def connection=(value)
+        Hub.check_connection(value) unless value.nil?
+        @connection = value
       end
 
       def listen_scope=(scope)
