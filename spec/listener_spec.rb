@@ -60,10 +60,18 @@ RSpec.describe Pgbus::Hub::Listener do
       .to raise_error(ArgumentError, /gssencmode=require is not supported: pgbus-hub never uses GSS encryption/)
   end
 
-  it "raises InvalidQueueError for names PostgreSQL would truncate or cannot take" do
-    l = listener.start
-    expect { l.ensure_listening("") }.to raise_error(Pgbus::Hub::InvalidQueueError, /empty/)
-    expect { l.ensure_listening("x" * 60) }.to raise_error(Pgbus::Hub::InvalidQueueError, /63 bytes/)
+  it "returns nil for names PostgreSQL would truncate or cannot take, logging each name once at ERROR" do
+    out = StringIO.new
+    l = listener(logger: Logger.new(out)).start
+    2.times do
+      expect(l.ensure_listening("")).to be_nil
+      expect(l.ensure_listening("x" * 60)).to be_nil
+      expect(l.ensure_listening("nul\0byte")).to be_nil
+    end
+    errors = out.string.lines.grep(/ERROR/)
+    expect(errors.size).to eq(3)
+    expect(errors.join).to include("empty").and include("63 bytes").and include("NUL")
+    expect(l.ensure_listening("fine_after")).to eq(:done)
     expect(Pgbus::Hub::InvalidQueueError.ancestors).to include(ArgumentError)
   end
 

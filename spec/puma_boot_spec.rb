@@ -185,6 +185,27 @@ RSpec.describe "Pgbus::Hub standalone API" do
     TestDatabase.notify("standalone_q", "x", prefix: "", suffix: "")
     expect(Timeout.timeout(5) { queue.pop }).to have_attributes(queue_name: "standalone_q", payload: "x")
   end
+
+  it "gives a refused queue name one outcome in cluster, single and :process mode: nil and one ERROR" do
+    Pgbus::Hub.configure { |c| c.connection = TestDatabase.url }
+    path = File.join(@dir, "r.sock")
+    Pgbus::Hub::SharedHub.start(socket_path: path, settings: Pgbus::Hub.configuration.to_settings)
+    modes = {
+      cluster: -> { ENV["PGBUS_STREAMS_HUB_SOCKET"] = path },
+      single: -> { ENV.delete("PGBUS_STREAMS_HUB_SOCKET") },
+      process: -> { Pgbus::Hub.configure { |c| c.listen_scope = :process } }
+    }
+    modes.each do |mode, arrange|
+      arrange.call
+      out = StringIO.new
+      listener = Pgbus::Hub.listener(dispatch_queue: Queue.new, logger: Logger.new(out))
+      expect(listener).to be_a(mode == :cluster ? Pgbus::Hub::FailoverListener : Pgbus::Hub::Listener)
+      2.times { expect(listener.ensure_listening("q" * 70)).to be_nil, mode.to_s }
+      expect(out.string.lines.grep(/ERROR .*cannot listen to "q{70}": .*63 bytes/).size).to eq(1), "#{mode}: #{out.string}"
+      expect(listener.ensure_listening("fine")).to eq(:done)
+      listener.stop
+    end
+  end
 end
 
 RSpec.describe "pgbus-hub Puma plugin files" do

@@ -20,6 +20,7 @@ module Pgbus
         @lock = Mutex.new          # guards @subscriptions and @impl
         @failover_lock = Mutex.new # serialises fail_over!
         @failed_over = false
+        @refused = RefusedQueues.new
       end
 
       def start
@@ -37,8 +38,8 @@ module Pgbus
         fail_over!
         retry_locally(queue)
       rescue InvalidQueueError => e
-        @logger&.error("[pgbus-hub] cannot listen to #{queue.inspect}: #{e.message}")
-        nil
+        @lock.synchronize { @subscriptions.delete(queue) } # never replayed on a fail-over
+        @refused.report(queue, e, @logger)
       end
 
       def remove_listening(queue)

@@ -6,6 +6,27 @@ module Pgbus
     # engine the master hub runs: the fallback when there is no hub, and the
     # standalone listener. pgbus's Listener surface: start / ensure_listening
     # (:done once LISTEN is active, nil on timeout) / remove_listening / stop.
+    # One outcome for a queue name no LISTEN can take (empty, over 63 bytes
+    # with prefix and suffix, a NUL byte) in every mode: the listener an app
+    # gets (a local Listener in single mode or :process scope, a
+    # FailoverListener over the hub in cluster mode, the same under pgbus)
+    # returns nil from ensure_listening, pgbus's "not listening" result, which
+    # its dispatcher already tolerates, and logs the first refusal of each name
+    # at ERROR (app code repeats a bad name on every request). HubClient, the
+    # transport underneath, raises InvalidQueueError.
+    class RefusedQueues
+      def initialize
+        @names = Set.new
+        @lock = Mutex.new
+      end
+
+      def report(queue, error, logger)
+        first = @lock.synchronize { @names.add?(queue) }
+        logger&.error("[pgbus-hub] cannot listen to #{queue.inspect}: #{error.message}") if first
+        nil
+      end
+    end
+
     class Listener
       DEFAULTS = {
         connection: Options::REQUIRED,
@@ -33,6 +54,7 @@ module Pgbus
         }.freeze
         @owner_pid = ::Process.pid
         @lock = Mutex.new
+        @refused = RefusedQueues.new
       end
 
       # Idempotent. Connects in the background; ensure_listening waits for it.
@@ -52,6 +74,8 @@ module Pgbus
         result = native_ensure_listening(queue.to_s, @ack_timeout)
         @logger&.warn("[pgbus-hub] LISTEN for #{queue} not confirmed within #{@ack_timeout}s") if result.nil?
         result
+      rescue InvalidQueueError => e
+        @refused.report(queue, e, @logger)
       end
 
       def remove_listening(queue)
