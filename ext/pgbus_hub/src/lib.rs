@@ -3,6 +3,7 @@
 //! One file per Ruby class (each ends in an `init`); errors become Ruby
 //! exceptions in `errors` only; Ruby <-> JSON conversion lives in `json`.
 
+mod defaults;
 mod errors;
 mod hub_client;
 mod json;
@@ -27,6 +28,7 @@ fn check_connection(ruby: &Ruby, value: Value) -> Result<String, Error> {
 fn init(ruby: &Ruby) -> Result<(), Error> {
     let hub = ruby.define_module("Pgbus")?.define_module("Hub")?;
     errors::init(ruby, hub)?;
+    defaults::init(ruby, hub)?;
     protocol::init(ruby, hub)?;
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;

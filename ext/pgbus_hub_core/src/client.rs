@@ -56,6 +56,17 @@ use std::time::{Duration, Instant};
 /// pgbus's default ack budget.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A worker waits one health-check cycle plus this for the hub's ack (pgbus's
+/// `build_hub_listener`): a second more than pgbus's hub gives its own LISTEN
+/// ([`crate::listener::LISTEN_ACK_MARGIN`]), so a slow LISTEN there times out
+/// in the hub first, not as a worker fail-over.
+pub const HUB_ACK_MARGIN: Duration = Duration::from_secs(2);
+
+/// The ack budget a worker's client gets for `health_check` (pgbus's formula).
+pub fn hub_ack_timeout(health_check: Duration) -> Duration {
+    health_check + HUB_ACK_MARGIN
+}
+
 /// How long `stop` waits for the reader thread before leaving it detached.
 pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
 

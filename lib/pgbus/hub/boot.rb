@@ -77,7 +77,7 @@ module Pgbus
     # poll until the configuration is ready, then start the native hub when the
     # scope is :master. Cluster-mode only — the caller (the Puma plugin) decides.
     class Boot
-      ENV_KEY = "PGBUS_STREAMS_HUB_SOCKET"
+      ENV_KEY = DEFAULT_SOCKET_ENV
 
       class << self
         attr_accessor :current
@@ -85,7 +85,7 @@ module Pgbus
         # pgbus's path: pgbus's own MasterHubBoot (if it also runs in this
         # master) exports the very same value, so ENV always names the one hub.
         def default_socket_path(pid = ::Process.pid)
-          File.join(Dir.tmpdir, "pgbus-streams-hub-#{pid}.sock")
+          File.join(Dir.tmpdir, Hub.socket_name(pid))
         end
 
         def env_seconds(name, default)

@@ -12,7 +12,7 @@ module Pgbus
       DEFAULTS = {
         socket_path: Options::REQUIRED,
         dispatch_queue: Options::REQUIRED,
-        ack_timeout: 2.0,
+        ack_timeout: Hub::DEFAULTS[:ack_timeout],
         on_failure: nil,
         logger: nil
       }.freeze

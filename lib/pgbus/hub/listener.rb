@@ -31,9 +31,9 @@ module Pgbus
       DEFAULTS = {
         connection: Options::REQUIRED,
         dispatch_queue: Options::REQUIRED,
-        health_check_ms: 250,
-        channel_prefix: "pgmq.q_",
-        channel_suffix: ".INSERT",
+        health_check_ms: Hub::DEFAULTS[:health_check_ms],
+        channel_prefix: Hub::DEFAULTS[:channel_prefix],
+        channel_suffix: Hub::DEFAULTS[:channel_suffix],
         logger: nil
       }.freeze
 
@@ -44,8 +44,7 @@ module Pgbus
 
         @logger = opts[:logger]
         health_check_ms = Options.positive_integer("Listener", :health_check_ms, opts[:health_check_ms])
-        # pgbus's Listener ack budget: one health-check cycle + 1 s.
-        @ack_timeout = (health_check_ms / 1000.0) + 1.0
+        @ack_timeout = Hub.listen_ack_timeout(health_check_ms) # pgbus's Listener budget
         @native_options = {
           connection: opts[:connection],
           health_check_ms: health_check_ms,

@@ -9,12 +9,8 @@ module Pgbus
       DEFAULTS = {
         connection: Options::REQUIRED,
         socket_path: Options::REQUIRED,
-        health_check_ms: 250,
-        status_interval: 1.0,
-        durable_queue_limit: 256,
-        hard_queue_limit: 1024,
-        channel_prefix: "pgmq.q_",
-        channel_suffix: ".INSERT",
+        **Hub::DEFAULTS.slice(:health_check_ms, :status_interval, :durable_queue_limit, :hard_queue_limit,
+                              :channel_prefix, :channel_suffix),
         logger: nil
       }.freeze
 

@@ -87,8 +87,8 @@ module Pgbus
           end
 
           Settings.new(scope: scope_of(config), connection: connection, health_check_ms: health_check_ms(config),
-                       channel_prefix: channel_affix(:CHANNEL_PREFIX, "pgmq.q_"),
-                       channel_suffix: channel_affix(:CHANNEL_SUFFIX, ".INSERT"), source: "pgbus")
+                       channel_prefix: channel_affix(:CHANNEL_PREFIX, Hub::DEFAULTS[:channel_prefix]),
+                       channel_suffix: channel_affix(:CHANNEL_SUFFIX, Hub::DEFAULTS[:channel_suffix]), source: "pgbus")
         end
 
         def scope_of(config)
@@ -97,7 +97,7 @@ module Pgbus
 
         def health_check_ms(config)
           value = config.respond_to?(:streams_listen_health_check_ms) ? config.streams_listen_health_check_ms : nil
-          value.is_a?(Integer) && value.positive? ? value : 250
+          value.is_a?(Integer) && value.positive? ? value : Hub::DEFAULTS[:health_check_ms]
         end
 
         # nil, or a not-yet-complete plan for a pre-#382 Instance (see LegacyInstance).

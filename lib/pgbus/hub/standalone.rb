@@ -19,9 +19,9 @@ module Pgbus
       def initialize
         @connection = nil
         @listen_scope = :master
-        @channel_prefix = "pgmq.q_"
-        @channel_suffix = ".INSERT"
-        @health_check_ms = 250
+        @channel_prefix = Hub::DEFAULTS[:channel_prefix]
+        @channel_suffix = Hub::DEFAULTS[:channel_suffix]
+        @health_check_ms = Hub::DEFAULTS[:health_check_ms]
         @logger = nil
       end
 
@@ -96,8 +96,7 @@ module Pgbus
 
         failover = nil
         client = HubClient.new(socket_path: socket_path, dispatch_queue: dispatch_queue,
-                               # pgbus's formula: larger than the hub's own LISTEN budget (health + 1 s)
-                               ack_timeout: (health_check_ms / 1000.0) + 2.0,
+                               ack_timeout: Hub.hub_ack_timeout(health_check_ms), # pgbus's formula
                                on_failure: -> { failover&.fail_over! }, logger: logger)
         client.connect
         failover = FailoverListener.new(hub_client: client, local_listener_factory: local_factory, logger: logger)

@@ -14,7 +14,12 @@ module Pgbus
     end
 
     def self.default_socket_pattern(dir = Dir.tmpdir)
-      File.join(dir, "pgbus-streams-hub-*.sock")
+      File.join(dir, socket_name("*"))
+    end
+
+    # pgbus's hub socket name (its MasterHubBoot's): one per Puma master pid.
+    def self.socket_name(pid)
+      "pgbus-streams-hub-#{pid}.sock"
     end
 
     # Asks a running master hub for its counters over its socket (our

@@ -31,6 +31,10 @@ use worker::{Enqueued, Frame, Worker, WorkerId};
 pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
 pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
 
+/// Between `status` broadcasts (pgbus's hub's `status_interval` default: it
+/// checks health this often): a change reaches workers within a second.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How long `stop` lets the engine UNLISTEN and close before giving up on it.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 

@@ -30,6 +30,16 @@ pub const MAX_CHANNEL_BYTES: usize = 63;
 /// pgbus's default `streams_listen_health_check_ms`.
 pub const DEFAULT_HEALTH_CHECK: Duration = Duration::from_millis(250);
 
+/// pgbus's Listener waits one health-check cycle plus this for a LISTEN to run
+/// (`Listener#ack_timeout`): the cycle is how long a busy engine may take to
+/// see the command, the second covers the LISTEN round trip on a slow server.
+pub const LISTEN_ACK_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a caller waits for a LISTEN (pgbus's formula, see [`LISTEN_ACK_MARGIN`]).
+pub fn listen_ack_timeout(health_check: Duration) -> Duration {
+    health_check + LISTEN_ACK_MARGIN
+}
+
 /// pgmq's trigger channel is `pgmq.q_<queue>.INSERT`.
 pub const DEFAULT_CHANNEL_PREFIX: &str = "pgmq.q_";
 pub const DEFAULT_CHANNEL_SUFFIX: &str = ".INSERT";
@@ -104,7 +114,9 @@ pub enum ListenError {
     Timeout,
     /// The queue was unlistened (its last subscriber withdrew) before its
     /// LISTEN could run: nothing is wrong with the name or the server.
-    Withdrawn { channel: String },
+    Withdrawn {
+        channel: String,
+    },
     /// The server refused the LISTEN or the name cannot be sent.
     Failed {
         channel: String,
@@ -127,7 +139,10 @@ impl fmt::Display for ListenError {
             Self::Stopped => f.write_str("the listener stopped before LISTEN ran"),
             Self::Timeout => f.write_str("timed out waiting for LISTEN to run"),
             Self::Withdrawn { channel } => {
-                write!(f, "{channel:?} was unsubscribed before its LISTEN could run")
+                write!(
+                    f,
+                    "{channel:?} was unsubscribed before its LISTEN could run"
+                )
             }
             Self::Failed { channel, reason } => write!(f, "LISTEN {channel:?} failed: {reason}"),
         }

@@ -1,0 +1,50 @@
+//! `Pgbus::Hub::DEFAULTS` and the ack-budget formulas: every default the Ruby
+//! classes use comes from the core, defined once.
+
+use magnus::{function, prelude::*, Error, RModule, Ruby};
+use pgbus_hub_core::{client, hub, listener};
+use std::time::Duration;
+
+fn listen_ack_timeout(health_check_ms: u64) -> f64 {
+    listener::listen_ack_timeout(Duration::from_millis(health_check_ms)).as_secs_f64()
+}
+
+fn hub_ack_timeout(health_check_ms: u64) -> f64 {
+    client::hub_ack_timeout(Duration::from_millis(health_check_ms)).as_secs_f64()
+}
+
+pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
+    let defaults = ruby.hash_new();
+    let health_check_ms =
+        u64::try_from(listener::DEFAULT_HEALTH_CHECK.as_millis()).unwrap_or(u64::MAX);
+    defaults.aset(ruby.to_symbol("health_check_ms"), health_check_ms)?;
+    for (key, text) in [
+        ("channel_prefix", listener::DEFAULT_CHANNEL_PREFIX),
+        ("channel_suffix", listener::DEFAULT_CHANNEL_SUFFIX),
+    ] {
+        let value = ruby.str_new(text);
+        value.freeze(); // shared by every configuration that keeps the default
+        defaults.aset(ruby.to_symbol(key), value)?;
+    }
+    defaults.aset(
+        ruby.to_symbol("durable_queue_limit"),
+        hub::DEFAULT_DURABLE_QUEUE_LIMIT,
+    )?;
+    defaults.aset(
+        ruby.to_symbol("hard_queue_limit"),
+        hub::DEFAULT_HARD_QUEUE_LIMIT,
+    )?;
+    defaults.aset(
+        ruby.to_symbol("status_interval"),
+        hub::DEFAULT_STATUS_INTERVAL.as_secs_f64(),
+    )?;
+    defaults.aset(
+        ruby.to_symbol("ack_timeout"),
+        client::DEFAULT_ACK_TIMEOUT.as_secs_f64(),
+    )?;
+    defaults.freeze();
+    hub_module.const_set("DEFAULTS", defaults)?;
+    hub_module.define_module_function("listen_ack_timeout", function!(listen_ack_timeout, 1))?;
+    hub_module.define_module_function("hub_ack_timeout", function!(hub_ack_timeout, 1))?;
+    Ok(())
+}
