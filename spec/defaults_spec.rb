@@ -17,14 +17,34 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
     expect(Pgbus::Hub.hub_ack_timeout(1000)).to eq(3.0)
   end
 
-  it "is what the classes default to, and no Ruby file repeats a default's literal" do
-    expect(Pgbus::Hub::MasterHub::DEFAULTS).to include(Pgbus::Hub::DEFAULTS.except(:ack_timeout))
-    expect(Pgbus::Hub::Listener::DEFAULTS).to include(Pgbus::Hub::DEFAULTS.slice(:health_check_ms, :channel_prefix,
-                                                                                 :channel_suffix))
-    expect(Pgbus::Hub::HubClient::DEFAULTS[:ack_timeout]).to eq(Pgbus::Hub::DEFAULTS[:ack_timeout])
+  it "is what the classes default to (options are resolved in Rust), and no Ruby file repeats a default's literal" do
+    hub = Pgbus::Hub.options("MasterHub", { connection: "dbname=x", socket_path: "/tmp/x.sock" })
+    expect(hub).to include(Pgbus::Hub::DEFAULTS.except(:ack_timeout)).and be_frozen
+    listener = Pgbus::Hub.options("Listener", { connection: "dbname=x", dispatch_queue: Queue.new })
+    expect(listener).to include(Pgbus::Hub::DEFAULTS.slice(:health_check_ms, :channel_prefix, :channel_suffix))
+    client = Pgbus::Hub.options("HubClient", { socket_path: "/tmp/x.sock", dispatch_queue: [] })
+    expect(client).to include(ack_timeout: Pgbus::Hub::DEFAULTS[:ack_timeout], on_failure: nil, logger: nil)
+    expect(Pgbus::Hub.configuration.status_interval).to eq(Pgbus::Hub::DEFAULTS[:status_interval])
     sources = Dir[File.expand_path("../lib/**/*.rb", __dir__)].to_h { |path| [path, File.read(path)] }
-    ['"pgmq.q_"', '".INSERT"', "health_check_ms: 250", "/ 1000.0) +"].each do |literal|
+    ['"pgmq.q_"', '".INSERT"', "health_check_ms: 250", "/ 1000.0) +", "256", "1024"].each do |literal|
       expect(sources.select { |_, text| text.include?(literal) }.keys).to be_empty, literal
     end
+  end
+
+  it "refuses a bad keyword by name, in every constructor and in configure" do
+    expect { Pgbus::Hub.options("HubClient", { socket_path: "/x" }) }
+      .to raise_error(ArgumentError, "HubClient: missing required option(s) :dispatch_queue")
+    expect { Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: nil }) }
+      .to raise_error(ArgumentError, "HubClient: dispatch_queue must respond to <<")
+    expect { Pgbus::Hub.options("HubClient", { socket_path: 7, dispatch_queue: [] }) }
+      .to raise_error(TypeError, "HubClient: socket_path must be a String, got Integer")
+    expect { Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [], ack_timeout: 0 }) }
+      .to raise_error(ArgumentError, "HubClient: ack_timeout must be a positive number, got 0")
+    expect(Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [], ack_timeout: 3 })[:ack_timeout]).to eq(3.0)
+    expect { Pgbus::Hub.configure { |c| c.durable_queue_limit = 0 } }
+      .to raise_error(ArgumentError, "Pgbus::Hub.configure: durable_queue_limit must be a positive Integer, got 0")
+    expect { Pgbus::Hub.check_option("Pgbus::Hub.configure", :nope, 1) }.to raise_error(ArgumentError, /unknown option :nope/)
+  ensure
+    Pgbus::Hub.instance_variable_set(:@configuration, nil)
   end
 end

@@ -6,7 +6,7 @@ require_relative "support/database"
 
 # The pgbus glue against both stand-in shapes (each in its own child process,
 # zeitwerk-lazy and eager-loaded, pgbus-hub required before and after pgbus):
-# the config attribute and its exact errors, the doctor clause, Instance
+# the config attribute and its exact errors, Instance
 # wiring (hub -> our native HubClient + FailoverListener with pgbus's ack
 # formula and WakeMessage class; no socket -> pgbus's own Listener), failover,
 # and pgbus's #382 MasterHub backed by the native hub.
@@ -14,7 +14,6 @@ RSpec.describe "pgbus integration" do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
 
   HINT = "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)"
-  BASE = "1 direct LISTEN connection(s) pinned (scope=supervisor; capsules share it)"
 
   def probe(shape, eager:, hub_first:)
     standin = File.join(ROOT, "spec/support/pgbus_standin", shape, "lib")
@@ -30,18 +29,15 @@ RSpec.describe "pgbus integration" do
     it "#{shape} (eager: #{eager}, pgbus-hub required #{hub_first ? 'first' : 'second'})" do
       r = probe(shape, eager: eager, hub_first: hub_first)
       expect(r["shape"]).to eq(shape)
-      expect(r["installed"]).to eq(shape == "pre382" ? %w[configuration doctor instance_legacy] : %w[instance_382 master_hub])
+      expect(r["installed"]).to eq(shape == "pre382" ? "pre_hub" : "hub_era")
       expect(r["default_scope"]).to eq("master")
       expect(r["errors"]).to eq(["Invalid streams_listen_scope type: Integer. #{HINT}",
                                  "Invalid streams_listen_scope: :nope. #{HINT}",
                                  "Invalid streams_listen_scope: :bogus. #{HINT}"])
       expect(r["string_scope"]).to eq("process")
-      expect(r["doctor_process"]).to eq("#{BASE} + 1 per web-server process (streams)")
-      expect(r["doctor_master"]).to eq("#{BASE} + 1 per web host (streams master hub; per-worker fallback during " \
-                                       "a hub outage costs 1 per web process)")
-      expect(r["doctor_disabled"]).to eq(BASE)
       expect(r["no_socket_listener"]).to eq("Pgbus::Web::Streamer::Listener")
-      expect(r["hub_listener"]).to eq("Pgbus::Hub::FailoverListener")
+      # pre-hub pgbus gets our FailoverListener; 0.13.1+ keeps its own, over our native HubClient
+      expect(r["hub_listener"]).to eq(shape == "pre382" ? "Pgbus::Hub::FailoverListener" : "Pgbus::Web::Streamer::FailoverListener")
       expect(r["ack_timeout"]).to eq(2.25) # health_check_ms 250 / 1000 + 2.0
       expect(r["subscribe"]).to eq("done")
       expect(r["hub_workers"]).to eq(1)

@@ -7,8 +7,8 @@ require "puma"
 require "timeout"
 require_relative "support/database"
 
-# In-process: our MasterHubBoot (Pgbus::Hub::Boot), SharedHub's one-hub rule,
-# the standalone API, and how the plugin files compose (no pgbus loaded here).
+# In-process: the master's boot (arm, the hub started by Ruby's fork hook,
+# teardown), SharedHub's one-hub rule and the standalone API (no pgbus here).
 RSpec.describe Pgbus::Hub::Boot do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
 
@@ -18,7 +18,8 @@ RSpec.describe Pgbus::Hub::Boot do
       @dir = dir
       example.run
     ensure
-      Pgbus::Hub::SharedHub.stop
+      described_class.teardown("spec")
+      Pgbus::Hub.instance_variable_set(:@configuration, nil)
       ENV["PGBUS_STREAMS_HUB_SOCKET"] = saved
     end
   end
@@ -26,113 +27,108 @@ RSpec.describe Pgbus::Hub::Boot do
   let(:out) { StringIO.new }
   let(:logger) { Logger.new(out) }
 
-  def settings(scope: :master)
-    Pgbus::Hub::Settings.new(scope: scope, connection: TestDatabase.url, health_check_ms: 100,
-                             channel_prefix: "", channel_suffix: "", source: "spec")
+  def configure(connection: TestDatabase.url, socket: "hub.sock")
+    Pgbus::Hub.configure do |c|
+      c.connection = connection
+      c.socket_path = File.join(@dir, socket)
+      c.health_check_ms = 100
+    end
   end
 
-  it "uses pgbus's default socket path and reads its tuning from the environment" do
+  def fork_child
+    Process.wait(fork { exit!(0) })
+  end
+
+  it "uses pgbus's default socket path" do
     expect(described_class.default_socket_path(42)).to eq(File.join(Dir.tmpdir, "pgbus-streams-hub-42.sock"))
-    ENV["PGBUS_HUB_TEST_SECONDS"] = "0.5"
-    expect(described_class.env_seconds("PGBUS_HUB_TEST_SECONDS", 1.0)).to eq(0.5)
-    ENV["PGBUS_HUB_TEST_SECONDS"] = "junk"
-    expect(described_class.env_seconds("PGBUS_HUB_TEST_SECONDS", 1.0)).to eq(1.0)
-  ensure
-    ENV.delete("PGBUS_HUB_TEST_SECONDS")
   end
 
-  it "exports the socket at once, starts the native hub once ready, stops it and unlinks the socket" do
+  it "arm exports the socket; the hub listens before the first fork returns; teardown stops it and unlinks" do
+    configure
     path = File.join(@dir, "hub.sock")
-    ready = nil
-    boot = described_class.new(socket_path: path, settings: -> { ready }, poll_interval: 0.05, deadline: 10,
-                               logger: logger).start
+    described_class.arm(logger: logger)
     expect(ENV.fetch("PGBUS_STREAMS_HUB_SOCKET")).to eq(path)
-    sleep 0.2
-    expect(boot.hub).to be_nil
-    ready = settings
-    wait_for("hub") { boot.hub&.running? }
+    expect(File.exist?(path)).to be(false)
+    fork_child
     expect(File.socket?(path)).to be(true)
-    expect(out.string).to include("master hub listening at #{path}")
-    boot.stop
+    expect(out.string.scan("[pgbus-hub] standalone configuration: master hub started before fork").size).to eq(1)
+    fork_child # a later fork: the same hub
+    expect(Pgbus::Hub::SharedHub.current.socket_path).to eq(path)
+    described_class.teardown("spec")
     expect(File.exist?(path)).to be(false)
     expect(Pgbus::Hub::SharedHub.current).to be_nil
-    expect(ENV.fetch("PGBUS_STREAMS_HUB_SOCKET")).to eq(path) # pgbus: ENV stays
+    expect(described_class.armed?).to be(false)
   end
 
-  it "gives up after the deadline with pgbus's wording, and starts nothing under :process" do
-    quiet = described_class.new(socket_path: File.join(@dir, "a.sock"), settings: -> { nil }, poll_interval: 0.05,
-                                deadline: 0.3, logger: logger).start
-    wait_for("deadline") { out.string.include?("never became ready") }
-    expect(out.string).to include("configuration never became ready within 0.3s (no preload_app!?) — no master hub; " \
-                                  "workers use per-worker listeners")
-    process = described_class.new(socket_path: File.join(@dir, "b.sock"), settings: -> { settings(scope: :process) },
-                                  poll_interval: 0.05, deadline: 5, logger: logger).start
-    sleep 0.3
-    expect(process.hub).to be_nil
-    expect(File.exist?(File.join(@dir, "b.sock"))).to be(false)
-    [quiet, process].each(&:stop)
+  it "an unarmed process, or a forked child of an armed one, never starts a hub" do
+    configure
+    fork_child
+    expect(Pgbus::Hub::SharedHub.current).to be_nil
+    reader, writer = IO.pipe
+    described_class.arm(logger: logger)
+    Process.wait(fork do
+      reader.close
+      Process.wait(fork { exit!(0) }) # the child forks: it is not the armed master
+      writer.write(Pgbus::Hub::SharedHub.current.nil? ? "none" : "hub")
+      exit!(0)
+    end)
+    writer.close
+    expect(reader.read).to eq("hub") # inherited object, stopped only by its owner; no second start
   end
 
-  it "stop cancels a waiting poller; a failing start is logged and survived" do
-    boot = described_class.new(socket_path: File.join(@dir, "c.sock"), settings: -> { nil }, poll_interval: 5,
-                               deadline: 60, logger: logger).start
-    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    boot.stop
-    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 1
+  it "says ERROR once for a refused configuration; WARNs and waits for a missing one, then starts" do
+    configure(socket: "r.sock")
+    Pgbus::Hub.configuration.listen_scope = :master
+    allow(Pgbus::Hub).to receive(:master_options).and_raise(Pgbus::Hub::Error, "a refusal")
+    described_class.arm(logger: logger)
+    2.times { fork_child }
+    expect(out.string.scan("ERROR -- : [pgbus-hub] no master hub: a refusal").size).to eq(1)
+    described_class.teardown("spec")
+
+    ready = nil
+    allow(Pgbus::Hub).to receive(:master_options) { ready }
+    described_class.arm(logger: logger)
+    fork_child
+    expect(out.string).to match(/WARN -- : \[pgbus-hub\] no hub configuration as workers fork \(no preload_app!\?/)
+    ready = Pgbus::Hub.configuration.master_options
+    wait_for("late hub") { Pgbus::Hub::SharedHub.current&.running? }
+    expect(File.socket?(File.join(@dir, "r.sock"))).to be(true)
+  end
+
+  it "starts nothing under :process, and logs a hub that cannot start" do
+    configure(socket: "p.sock")
+    Pgbus::Hub.configuration.listen_scope = :process
+    described_class.arm(logger: logger)
+    fork_child
+    expect(File.exist?(File.join(@dir, "p.sock"))).to be(false)
+    described_class.teardown("spec")
     File.write(File.join(@dir, "file"), "x")
-    bad = described_class.new(socket_path: File.join(@dir, "file"), settings: -> { settings }, poll_interval: 0.05,
-                              logger: logger).start
-    wait_for("error") { out.string.include?("master hub failed to start") }
+    configure(socket: "file")
+    Pgbus::Hub.configuration.listen_scope = :master
+    described_class.arm(logger: logger)
+    fork_child
     expect(out.string).to match(/master hub failed to start \(Pgbus::Hub::Error: .*not a socket.*\) — workers fall back/)
-    bad.stop
   end
 
-  it "before_fork binds at once when ready; says ERROR for a refused configuration, WARN for a missing one" do
-    path = File.join(@dir, "bf.sock")
-    boot = described_class.new(socket_path: path, settings: -> { settings }, poll_interval: 60, logger: logger).start
-    boot.boot_before_fork # synchronous: bound when it returns, no poll tick needed
-    expect(File.socket?(path)).to be(true)
-    # Boot's own line, once (the native hub's "master hub listening at" arrives via the log drain, asynchronously)
-    expect(out.string.scan("[pgbus-hub] master hub listening at #{path} (native").size).to eq(1)
-    boot.stop
-
-    refused = described_class.new(socket_path: File.join(@dir, "r.sock"), poll_interval: 60, logger: logger,
-                                  settings: -> { raise Pgbus::Hub::Error, "streams_connection_options is a Proc" }).start
-    refused.boot_before_fork
-    expect(out.string).to include("ERROR -- : [pgbus-hub] no master hub: streams_connection_options is a Proc")
-    expect(out.string).not_to include("no hub configuration yet")
-    refused.stop
-
-    missing = described_class.new(socket_path: File.join(@dir, "m.sock"), settings: -> { nil }, poll_interval: 60,
-                                  logger: logger).start
-    missing.boot_before_fork
-    expect(out.string).to match(/WARN -- : \[pgbus-hub\] no hub configuration yet as workers fork \(no preload_app!\?\)/)
-    missing.stop
+  it "SharedHub: two starts in one process run ONE native hub" do
+    configure
+    before = TestDatabase.census
+    options = Pgbus::Hub.configuration.master_options
+    a = Pgbus::Hub::SharedHub.start(socket_path: File.join(@dir, "d.sock"), **options)
+    b = Pgbus::Hub::SharedHub.start(socket_path: File.join(@dir, "d.sock"), **options)
+    expect(a).to equal(b)
+    peer = WirePeer.new(a.socket_path)
+    peer.subscribe("one")
+    expect(TestDatabase.census - before).to eq(1)
+    peer.close
+    Pgbus::Hub::SharedHub.stop(a)
+    expect(File.exist?(File.join(@dir, "d.sock"))).to be(false)
   end
 
   it "refuses pgbus connection options it cannot use (a Proc) by name, instead of waiting for them" do
     config = Struct.new(:streams_enabled, :streams_connection_options).new(true, -> { :raw_connection })
-    expect { Pgbus::Hub::PgbusIntegration.settings(config) }
+    expect { Pgbus::Hub::PgbusAdapter.master_options(config) }
       .to raise_error(Pgbus::Hub::Error, /streams_connection_options is a Proc; the hub needs a libpq String/)
-    config.streams_connection_options = { host: "127.0.0.1", port: 5432, dbname: "x", variables: { "a" => "b" } }
-    expect(Pgbus::Hub::PgbusIntegration.settings(config).connection).to eq(config.streams_connection_options)
-  end
-
-  it "SharedHub: two boots in one process run ONE native hub" do
-    before = TestDatabase.census
-    a = described_class.new(socket_path: File.join(@dir, "d.sock"), settings: -> { settings }, poll_interval: 0.05,
-                            logger: logger).start
-    b = described_class.new(socket_path: File.join(@dir, "d.sock"), settings: -> { settings }, poll_interval: 0.05,
-                            logger: logger).start
-    wait_for("both") { a.hub && b.hub }
-    expect(a.hub).to equal(b.hub)
-    peer = WirePeer.new(a.hub.socket_path)
-    peer.subscribe("one")
-    expect(TestDatabase.census - before).to eq(1)
-    peer.close
-    a.stop
-    b.stop
-    expect(File.exist?(File.join(@dir, "d.sock"))).to be(false)
   end
 end
 
@@ -176,7 +172,7 @@ RSpec.describe "Pgbus::Hub standalone API" do
     expect(local).to be_a(Pgbus::Hub::Listener)
     local.stop
     path = File.join(@dir, "s.sock")
-    Pgbus::Hub::SharedHub.start(socket_path: path, settings: Pgbus::Hub.configuration.to_settings)
+    Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options)
     ENV["PGBUS_STREAMS_HUB_SOCKET"] = path
     queue = Queue.new
     @listener = Pgbus::Hub.listener(dispatch_queue: queue)
@@ -189,7 +185,7 @@ RSpec.describe "Pgbus::Hub standalone API" do
   it "gives a refused queue name one outcome in cluster, single and :process mode: nil and one ERROR" do
     Pgbus::Hub.configure { |c| c.connection = TestDatabase.url }
     path = File.join(@dir, "r.sock")
-    Pgbus::Hub::SharedHub.start(socket_path: path, settings: Pgbus::Hub.configuration.to_settings)
+    Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options)
     modes = {
       cluster: -> { ENV["PGBUS_STREAMS_HUB_SOCKET"] = path },
       single: -> { ENV.delete("PGBUS_STREAMS_HUB_SOCKET") },
@@ -209,24 +205,10 @@ RSpec.describe "Pgbus::Hub standalone API" do
 end
 
 RSpec.describe "pgbus-hub Puma plugin files" do
-  it "register pgbus_streams and pgbus_hub with one shared body, composing no foreign file when none exists" do
+  it "register pgbus_streams and pgbus_hub with one body" do
     require "puma/plugin/pgbus_streams"
     require "puma/plugin/pgbus_hub"
-    %w[pgbus_streams pgbus_hub].each do |name|
-      klass = Puma::Plugins.find(name)
-      expect(klass.include?(Pgbus::Hub::PumaPlugin)).to be(true)
-      expect(klass.composed_class).to be_nil
-    end
-  end
-
-  it "finds pgbus's pgbus_streams.rb on $LOAD_PATH but never our own" do
-    standin = File.join(ROOT, "spec/support/pgbus_standin/v382/lib")
-    own = File.join(ROOT, "lib/puma/plugin/pgbus_hub.rb")
-    expect(Pgbus::Hub::PumaPlugin.pgbus_plugin_file(own)).to be_nil
-    $LOAD_PATH.push(standin)
-    expect(Pgbus::Hub::PumaPlugin.pgbus_plugin_file(own)).to eq(File.join(standin, "puma/plugin/pgbus_streams.rb"))
-  ensure
-    $LOAD_PATH.delete(standin)
+    %w[pgbus_streams pgbus_hub].each { |name| expect(Puma::Plugins.find(name).include?(Pgbus::Hub::PumaPlugin)).to be(true) }
   end
 
   it "logs through log_writer on Puma 6+ and events on 5.6" do
@@ -236,6 +218,7 @@ RSpec.describe "pgbus-hub Puma plugin files" do
     legacy = Struct.new(:events).new(writer)
     Pgbus::Hub::PumaLog.new(modern).info("a")
     Pgbus::Hub::PumaLog.new(legacy).warn("b")
+    Pgbus::Hub::PumaLog.new(legacy).debug("c")
     expect(lines).to eq(["INFO a", "WARN b"])
   end
 end

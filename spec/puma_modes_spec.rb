@@ -36,7 +36,8 @@ RSpec.describe "Puma modes", :puma do
       expect(File.exist?(c.socket_path)).to be(false)
       expect_wake_everywhere(c, subs.keys, stream, "after failover")
       expect(c.log.scan(/falling back to a per-worker listener/).size).to eq(4)
-      expect(c.log.scan(/failed over to a per-worker listener \(1 subscription/).size).to eq(4)
+      # our FailoverListener reports the fail-over; pgbus 0.13.1+ keeps its own (silent on success)
+      expect(c.log.scan(/failed over to a per-worker listener \(1 subscription/).size).to eq(4) unless shape[:shape] == "v382"
     end
   end
 
@@ -53,9 +54,9 @@ RSpec.describe "Puma modes", :puma do
   end
 
   [{ mode: :standalone }, { mode: :pgbus, shape: "pre382" }, { mode: :pgbus, shape: "v382" }].each do |shape|
-    it "no preload_app!: the hub never starts, deadline logged, workers fall back (census 4) — #{shape}" do
+    it "no preload_app!: WARN as workers fork, what it waits for; workers fall back (census 4) — #{shape}" do
       c = cluster(**shape, preload: false)
-      c.wait_log(/configuration never became ready within 3s \(no preload_app!\?\) — no master hub; workers use per-worker listeners/)
+      c.wait_log(/WARN \[pgbus-hub\] no hub configuration as workers fork \(no preload_app!\? configure pgbus or Pgbus::Hub in puma.rb\)/)
       stream = unique_stream
       subs = c.subscribe_all(stream)
       expect(subs.values.map { |s| s["listener"] }.uniq).not_to include("Pgbus::Hub::FailoverListener")
@@ -97,7 +98,8 @@ RSpec.describe "Puma modes", :puma do
       c.wait_log(/master hub listening at/, count: 2 * c.log.scan(/master hub listening at/).size, timeout: 30)
       c.wait_log(/Worker \d \(PID: \d+\) booted/, count: 8, timeout: 30)
       subs = c.subscribe_all(stream)
-      expect(subs.values.map { |s| s["listener"] }.uniq).to eq(["Pgbus::Hub::FailoverListener"])
+      listener = shape[:shape] == "v382" ? "Pgbus::Web::Streamer::FailoverListener" : "Pgbus::Hub::FailoverListener"
+      expect(subs.values.map { |s| s["listener"] }.uniq).to eq([listener])
       expect(c.census_settles_at(1)).to eq(1)
       expect(c.hub_info["stats"]["uptime"]).to be < first_uptime + 5
       expect(File.socket?(c.socket_path)).to be(true)
@@ -117,7 +119,7 @@ RSpec.describe "Puma modes", :puma do
     subs = c.subscribe_all(stream)
     expect(subs.keys & old.keys).to be_empty
     expect(c.census_settles_at(1)).to eq(1)
-    expect(c.log.scan(/master hub listening at/).size).to eq(2) # ours + native, once
+    expect(c.log.scan(/master hub listening at/).size).to eq(1) # once: the hub outlives the phased restart
     expect(c.hub_info["stats"]).to include("workers" => 4, "reconnects" => 0)
     expect_wake_everywhere(c, subs.keys, stream, "after phased restart")
   end

@@ -48,3 +48,11 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     hub_module.define_module_function("hub_ack_timeout", function!(hub_ack_timeout, 1))?;
     Ok(())
 }
+
+/// `Pgbus::Hub::DEFAULTS`, as `init` defined it.
+pub fn hash(ruby: &Ruby) -> Result<magnus::RHash, Error> {
+    ruby.class_object()
+        .const_get::<_, RModule>("Pgbus")?
+        .const_get::<_, RModule>("Hub")?
+        .const_get("DEFAULTS")
+}

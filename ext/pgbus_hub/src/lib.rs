@@ -29,6 +29,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let hub = ruby.define_module("Pgbus")?.define_module("Hub")?;
     errors::init(ruby, hub)?;
     defaults::init(ruby, hub)?;
+    options::init(hub)?;
     protocol::init(ruby, hub)?;
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;

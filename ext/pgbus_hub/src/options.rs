@@ -66,3 +66,195 @@ pub fn seconds(ruby: &Ruby, options: RHash, key: &str) -> Result<Duration, Error
     Duration::try_from_secs_f64(seconds)
         .map_err(|_| arg_error(ruby, format!("{key} must be a positive number of seconds")))
 }
+
+/// What a keyword accepts. Defaults of the tunable kinds are `Pgbus::Hub::DEFAULTS[key]`.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Required; the native side converts (and refuses) it.
+    Required,
+    /// Required String.
+    RequiredText,
+    /// Required, responds to `<<` (a dispatch queue).
+    Queue,
+    /// Optional Ruby object (logger, callback); default nil.
+    Object,
+    /// Positive Integer.
+    Count,
+    /// Positive number of seconds (Float).
+    Seconds,
+    /// String.
+    Text,
+}
+
+use Kind::{Count, Object, Queue, Required, RequiredText, Seconds, Text};
+
+const MASTER_HUB: &[(&str, Kind)] = &[
+    ("connection", Required),
+    ("socket_path", RequiredText),
+    ("logger", Object),
+    ("health_check_ms", Count),
+    ("status_interval", Seconds),
+    ("durable_queue_limit", Count),
+    ("hard_queue_limit", Count),
+    ("channel_prefix", Text),
+    ("channel_suffix", Text),
+];
+
+/// The keywords of each Ruby constructor that takes options, and of
+/// Pgbus::Hub.configure (the master hub's tunables, socket_path optional).
+fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
+    Some(match owner {
+        "MasterHub" => MASTER_HUB.to_vec(),
+        "HubClient" => vec![
+            ("socket_path", RequiredText),
+            ("dispatch_queue", Queue),
+            ("on_failure", Object),
+            ("logger", Object),
+            ("ack_timeout", Seconds),
+        ],
+        "Listener" => vec![
+            ("connection", Required),
+            ("dispatch_queue", Queue),
+            ("logger", Object),
+            ("health_check_ms", Count),
+            ("channel_prefix", Text),
+            ("channel_suffix", Text),
+        ],
+        "Pgbus::Hub.configure" => MASTER_HUB
+            .iter()
+            .filter_map(|&(key, kind)| match kind {
+                Required | Object => None,
+                RequiredText => Some((key, Text)),
+                kind => Some((key, kind)),
+            })
+            .collect(),
+        _ => return None,
+    })
+}
+
+fn keys(schema: &[(&str, Kind)]) -> String {
+    schema
+        .iter()
+        .map(|(key, _)| format!(":{key}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn unknown_owner(ruby: &Ruby, owner: &str) -> Error {
+    arg_error(ruby, format!("no options are defined for {owner}"))
+}
+
+/// `value` checked against `kind` (returned as the option's value).
+fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Result<Value, Error> {
+    let refused = |what: &str| {
+        arg_error(
+            ruby,
+            format!("{owner}: {key} must be {what}, got {}", value.inspect()),
+        )
+    };
+    match kind {
+        Required | Object => Ok(value),
+        Queue if value.respond_to("<<", false)? => Ok(value),
+        Queue => Err(arg_error(
+            ruby,
+            format!("{owner}: {key} must respond to <<"),
+        )),
+        Count => match magnus::Integer::from_value(value).map(|n| n.to_i64()) {
+            Some(Ok(n)) if n > 0 => Ok(value),
+            _ => Err(refused("a positive Integer")),
+        },
+        Seconds => match magnus::Float::from_value(value)
+            .map(|f| f.to_f64())
+            .or_else(|| {
+                magnus::Integer::from_value(value)
+                    .and_then(|n| n.to_i64().ok())
+                    .map(|n| n as f64)
+            }) {
+            Some(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(ruby.into_value(seconds)),
+            _ => Err(refused("a positive number")),
+        },
+        RequiredText | Text if RString::from_value(value).is_some() => Ok(value),
+        RequiredText | Text => Err(Error::new(
+            ruby.exception_type_error(),
+            format!(
+                "{owner}: {key} must be a String, got {}",
+                value.class().inspect()
+            ),
+        )),
+    }
+}
+
+/// `Pgbus::Hub.options(owner, given)`: the frozen options Hash of a constructor,
+/// defaults filled, unknown or missing keywords refused by name, each value checked.
+fn resolve(ruby: &Ruby, owner: String, given: RHash) -> Result<RHash, Error> {
+    let schema = schema(&owner).ok_or_else(|| unknown_owner(ruby, &owner))?;
+    let mut unknown = Vec::new();
+    given.foreach(|key: Value, _: Value| {
+        let name = magnus::Symbol::from_value(key).map(|s| s.name().map(|n| n.to_string()));
+        match name {
+            Some(Ok(name)) if schema.iter().any(|(k, _)| *k == name) => {}
+            _ => unknown.push(key.inspect()),
+        }
+        Ok(ForEach::Continue)
+    })?;
+    if !unknown.is_empty() {
+        return Err(arg_error(
+            ruby,
+            format!(
+                "{owner}: unknown option(s) {} (valid: {})",
+                unknown.join(", "),
+                keys(&schema)
+            ),
+        ));
+    }
+    let defaults: RHash = crate::defaults::hash(ruby)?;
+    let resolved = ruby.hash_new();
+    let mut missing = Vec::new();
+    for &(key, kind) in &schema {
+        let symbol = ruby.to_symbol(key);
+        let value = match given.get(symbol) {
+            Some(value) => check(ruby, &owner, key, kind, value)?,
+            None if matches!(kind, Required | RequiredText | Queue) => {
+                missing.push(format!(":{key}"));
+                continue;
+            }
+            None => defaults
+                .get(symbol)
+                .unwrap_or_else(|| ruby.qnil().as_value()),
+        };
+        resolved.aset(symbol, value)?;
+    }
+    if !missing.is_empty() {
+        return Err(arg_error(
+            ruby,
+            format!("{owner}: missing required option(s) {}", missing.join(", ")),
+        ));
+    }
+    resolved.freeze();
+    Ok(resolved)
+}
+
+/// `Pgbus::Hub.check_option(owner, key, value)`: one keyword's value, checked
+/// as the constructor would (for setters such as Pgbus::Hub.configure's).
+fn check_option(
+    ruby: &Ruby,
+    owner: String,
+    key: magnus::Symbol,
+    value: Value,
+) -> Result<Value, Error> {
+    let schema = schema(&owner).ok_or_else(|| unknown_owner(ruby, &owner))?;
+    let name = key.name()?;
+    let Some(&(_, kind)) = schema.iter().find(|(k, _)| *k == name) else {
+        return Err(arg_error(
+            ruby,
+            format!("{owner}: unknown option :{name} (valid: {})", keys(&schema)),
+        ));
+    };
+    check(ruby, &owner, &name, kind, value)
+}
+
+pub fn init(hub: magnus::RModule) -> Result<(), Error> {
+    hub.define_module_function("options", magnus::function!(resolve, 2))?;
+    hub.define_module_function("check_option", magnus::function!(check_option, 3))?;
+    Ok(())
+}

@@ -2,124 +2,89 @@
 
 module Pgbus
   module Hub
-    # pgbus's FailoverListener contract: serve through the hub client, and on
-    # the first transport failure build ONE local listener, re-LISTEN every
-    # recorded subscription on it and swap it in. Never raises into a request
-    # thread; never flaps back to the hub.
+    # Serves through the hub client; on its first failure builds ONE local
+    # listener, re-LISTENs every recorded subscription there and swaps it in.
+    # Never raises into a request thread; never flaps back to the hub.
     class FailoverListener
-      DEFAULTS = { hub_client: Options::REQUIRED, local_listener_factory: Options::REQUIRED, logger: nil }.freeze
+      def initialize(hub_client:, local_listener_factory:, logger: nil)
+        raise ArgumentError, "FailoverListener: local_listener_factory must respond to call" unless
+          local_listener_factory.respond_to?(:call)
 
-      def initialize(**options)
-        opts = Options.resolve("FailoverListener", options, DEFAULTS)
-        @hub_client = @impl = opts[:hub_client]
-        @factory = opts[:local_listener_factory]
-        raise ArgumentError, "FailoverListener: local_listener_factory must respond to call" unless @factory.respond_to?(:call)
-
-        @logger = opts[:logger]
+        @hub_client = @impl = hub_client
+        @factory = local_listener_factory
+        @logger = logger
         @subscriptions = Set.new
-        @lock = Mutex.new          # guards @subscriptions and @impl
-        @failover_lock = Mutex.new # serialises fail_over!
-        @failed_over = false
+        @lock = Mutex.new          # @subscriptions and @impl
+        @failover_lock = Mutex.new # one fail-over
         @refused = RefusedQueues.new
       end
 
-      def start
-        self
-      end
+      def start = self
+
+      def failed_over? = !@failed_over.nil?
 
       # The impl's result (:done, or nil when it timed out / is degraded).
       def ensure_listening(queue)
-        impl = @lock.synchronize do
-          @subscriptions << queue
-          @impl
-        end
-        impl.ensure_listening(queue)
+        @lock.synchronize { @subscriptions << queue && @impl }.ensure_listening(queue)
       rescue HubUnavailableError
         fail_over!
         retry_locally(queue)
       rescue InvalidQueueError => e
-        @lock.synchronize { @subscriptions.delete(queue) } # never replayed on a fail-over
+        @lock.synchronize { @subscriptions.delete(queue) } # never replayed
         @refused.report(queue, e, @logger)
       end
 
       def remove_listening(queue)
-        impl = @lock.synchronize do
-          @subscriptions.delete(queue)
-          @impl
-        end
-        impl.remove_listening(queue)
+        @lock.synchronize { @subscriptions.delete(queue) && @impl }.remove_listening(queue)
       rescue StandardError => e
         @logger&.warn("[pgbus-hub] remove_listening(#{queue.inspect}) failed: #{e.class}: #{e.message}")
-        nil
       end
 
-      # Idempotent. Builds the local listener, replays the recorded subs, swaps.
+      # Idempotent: builds the local listener, replays, swaps.
       def fail_over!
         @failover_lock.synchronize do
           return if @failed_over
 
           @failed_over = true
-          begin
-            local = @factory.call
-          rescue StandardError => e
-            @logger&.error("[pgbus-hub] fallback listener failed to build (#{e.class}: #{e.message}) — " \
-                           "streams degraded until this worker recycles")
-            return
-          end
-          # Replay until nothing recorded is left un-replayed, then swap in the
-          # same critical section: a sub recorded during the replay is not lost.
+          local = @factory.call
           replayed = Set.new
-          loop do
-            pending = @lock.synchronize do
-              remaining = @subscriptions.to_a - replayed.to_a
-              @impl = local if remaining.empty?
-              remaining
-            end
-            break if pending.empty?
-
+          # Replay until nothing recorded is left, then swap in the same
+          # critical section: a sub recorded during the replay is not lost.
+          until (pending = @lock.synchronize { (@subscriptions - replayed).tap { |p| @impl = local if p.empty? } }).empty?
             pending.each do |queue|
               local.ensure_listening(queue)
               replayed << queue
             end
           end
           @logger&.info("[pgbus-hub] failed over to a per-worker listener (#{replayed.size} subscription(s) re-LISTENed)")
+        rescue StandardError => e
+          local&.stop if @impl.equal?(@hub_client) # half-built: never left running
+          @logger&.error("[pgbus-hub] fallback listener failed to build (#{e.class}: #{e.message}) — " \
+                         "streams degraded until this worker recycles")
         end
       end
 
-      def failed_over?
-        @failed_over
-      end
+      # The live threads of the hub client and of the local listener; [] after stop.
+      def threads = owned.flat_map { |part| part.respond_to?(:threads) ? part.threads : [] }.uniq
 
-      # The live threads of the hub client and of the local listener (once
-      # failed over); [] after stop.
-      def threads
-        owned.flat_map { |component| component.respond_to?(:threads) ? component.threads : [] }.uniq
-      end
-
-      # Stops the hub client and the local listener (if one was built).
       def stop
-        owned.each do |component|
-          component.stop
+        owned.each do |part|
+          part.stop
         rescue StandardError => e
-          @logger&.warn("[pgbus-hub] stop of #{component.class} raised #{e.class}: #{e.message}")
+          @logger&.warn("[pgbus-hub] stop of #{part.class} raised #{e.class}: #{e.message}")
         end
         self
       end
 
       private
 
-      def owned
-        @lock.synchronize { [@hub_client, @impl].uniq }
-      end
+      def owned = @lock.synchronize { [@hub_client, @impl].uniq }
 
       def retry_locally(queue)
         impl = @lock.synchronize { @impl }
-        return nil if impl.equal?(@hub_client) # the fallback could not be built: degraded
-
-        impl.ensure_listening(queue)
+        impl.equal?(@hub_client) ? nil : impl.ensure_listening(queue) # nil: degraded
       rescue StandardError => e
         @logger&.error("[pgbus-hub] local listener failed for #{queue.inspect}: #{e.class}: #{e.message}")
-        nil
       end
     end
   end

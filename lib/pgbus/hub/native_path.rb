@@ -4,10 +4,8 @@ require "rbconfig"
 
 module Pgbus
   module Hub
-    # Where `rake compile` puts the extension in a checkout: one directory per
-    # Ruby minor, so one checkout serves several Rubies (the host's and the
-    # Ruby 3.3 chroot's) without one build overwriting the other. An installed
-    # gem has no such file and loads its extension as plain `pgbus_hub`.
+    # `rake compile` builds one extension per Ruby minor into the checkout (the
+    # host's and the Ruby 3.3 chroot's side by side); an installed gem loads `pgbus_hub`.
     NATIVE_DEV_PATH = File.expand_path(
       "../../pgbus_hub/#{RUBY_VERSION[/\A\d+\.\d+/]}/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}", __dir__
     )

@@ -6,9 +6,9 @@
 require "json"
 order = ARGV[1] == "hub-first" ? ["pgbus/hub", "pgbus"] : ["pgbus", "pgbus/hub"]
 order.each { |lib| require lib }
-Pgbus::Hub::PgbusIntegration.install! # what the plugin / before_fork hook does when pgbus came second
+Pgbus::Hub::PgbusAdapter.install! # what the first Pgbus.configure does when pgbus came second
 Pgbus.logger = Logger.new(File::NULL)
-report = { shape: Pgbus::STANDIN_SHAPE, installed: Pgbus::Hub::PgbusIntegration.installed }
+report = { shape: Pgbus::STANDIN_SHAPE, installed: Pgbus::Hub::PgbusAdapter.shape }
 config = Pgbus.configuration
 report[:default_scope] = config.streams_listen_scope
 report[:errors] = [42, "nope", :bogus].map do |value|
@@ -21,19 +21,14 @@ config.streams_listen_scope = "process"
 report[:string_scope] = config.streams_listen_scope
 config.streams_enabled = true
 config.database_url = ARGV[0]
-report[:doctor_process] = Pgbus::Doctor.new.checks.first.detail
 config.streams_listen_scope = :master
-report[:doctor_master] = Pgbus::Doctor.new.checks.first.detail
-config.streams_enabled = false
-report[:doctor_disabled] = Pgbus::Doctor.new.checks.first.detail
-config.streams_enabled = true
 
 local = Pgbus::Web::Streamer::Instance.new
 report[:no_socket_listener] = local.listener.class.name
 local.shutdown!
 
 path = File.join(Dir.tmpdir, "pgbus-hub-probe-#{Process.pid}.sock")
-hub = Pgbus::Hub::SharedHub.start(socket_path: path, settings: Pgbus::Hub::PgbusIntegration.settings, logger: nil)
+hub = Pgbus::Hub::SharedHub.start(socket_path: path, logger: nil, **Pgbus::Hub::PgbusAdapter.master_options)
 ENV["PGBUS_STREAMS_HUB_SOCKET"] = path
 got = Queue.new
 # Bounded: re-NOTIFY every 0.5 s (a concurrent suite may terminate pgbus-listen backends).
@@ -49,7 +44,7 @@ end
 Pgbus::Web::Streamer.on_wake = ->(m) { got << m }
 instance = Pgbus::Web::Streamer.current
 report[:hub_listener] = instance.listener.class.name
-report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client).instance_variable_get(:@ack_timeout)
+report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client).instance_variable_get(:@options)[:ack_timeout]
 report[:subscribe] = instance.subscribe("probe")
 report[:ephemeral] = deliver.call("eph")
 report[:hub_workers] = hub.stats[:workers]

@@ -16,10 +16,10 @@ module PumaE2E
     end
   end
 
-  def cluster(**options)
+  def cluster(wait: true, **options)
     c = PumaCluster.new(**options)
     (@clusters ||= []) << c
-    c.start
+    c.start(wait: wait)
   end
 
   def stop_clusters

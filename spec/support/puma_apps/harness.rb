@@ -27,14 +27,15 @@ class PumaCluster
     @extra_env = env
   end
 
-  def start
+  # wait: false returns once Puma is spawned (a client may hammer it from then on).
+  def start(wait: true)
     @state_dir = Dir.mktmpdir("pgbus-e2e")
     @port = free_port
     @log_path = File.join(@state_dir, "puma.log")
     @pid = Process.spawn(environment, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "config.rb"),
                          chdir: @state_dir, pgroup: true, in: File::NULL, out: @log_path, err: %i[child out])
     @socket_to_clean = socket_path
-    wait_for("puma to serve /pid", timeout: 30) { get("/pid") }
+    wait_for("puma to serve /pid", timeout: 30) { get("/pid") } if wait
     self
   rescue StandardError
     stop
@@ -65,8 +66,6 @@ class PumaCluster
       "PGBUS_E2E_SCOPE" => (@options[:scope] || "master").to_s,
       "PGBUS_E2E_SET_SCOPE" => @options[:scope] ? "1" : "0",
       "PGBUS_STANDIN_EAGER" => @options[:eager] ? "1" : "0",
-      "PGBUS_HUB_BOOT_POLL" => "0.1",
-      "PGBUS_HUB_BOOT_DEADLINE" => "3",
       "PGBUS_STREAMS_HUB_SOCKET" => nil
     }.merge(@extra_env)
   end

@@ -1,0 +1,93 @@
+# frozen_string_literal: true
+
+module Pgbus
+  module Hub
+    # Every hub setting, set in the app or in puma.rb:
+    #
+    #   Pgbus::Hub.configure do |c|
+    #     c.connection = ENV["DATABASE_URL"] # String or Hash; leave unset under pgbus (pgbus's is used)
+    #     c.listen_scope = :master           # or :process (one connection per worker)
+    #     c.durable_queue_limit = 512        # any key of Pgbus::Hub::DEFAULTS, and socket_path
+    #   end
+    class Configuration
+      OWNER = "Pgbus::Hub.configure"
+      TUNING = %i[health_check_ms channel_prefix channel_suffix durable_queue_limit hard_queue_limit status_interval].freeze
+
+      attr_accessor :logger
+      attr_reader :connection, :listen_scope, :socket_path, *TUNING
+
+      def initialize
+        @listen_scope = :master
+        TUNING.each { |key| instance_variable_set(:"@#{key}", Hub::DEFAULTS.fetch(key)) }
+      end
+
+      TUNING.each do |key|
+        define_method(:"#{key}=") { |value| instance_variable_set(:"@#{key}", Hub.check_option(OWNER, key, value)) }
+      end
+
+      # Checked at once: a typo fails the boot, not every worker's first subscription.
+      def connection=(value)
+        Hub.check_connection(value) unless value.nil?
+        @connection = value
+      end
+
+      def socket_path=(value)
+        @socket_path = value && Hub.check_option(OWNER, :socket_path, value)
+      end
+
+      def listen_scope=(scope)
+        @listen_scope = scope.is_a?(String) ? scope.to_sym : scope
+        return if %i[master process].include?(@listen_scope)
+
+        raise ArgumentError, "#{OWNER}: listen_scope must be :master or :process, got #{scope.inspect}"
+      end
+
+      # What the master hub starts with (:scope and :source say whether and why).
+      def master_options(**from_pgbus)
+        { scope: listen_scope, source: "standalone", connection: connection,
+          **TUNING.to_h { |key| [key, public_send(key)] }, **from_pgbus }
+      end
+    end
+
+    class << self
+      def configuration = (@configuration ||= Configuration.new)
+
+      def configure
+        yield configuration
+        configuration
+      end
+
+      # A connection was configured here (else pgbus's is used, if pgbus is loaded).
+      def configured? = !@configuration&.connection.nil?
+
+      # The master hub's options; nil while none is ready; Error for one the hub cannot use.
+      def master_options = configured? ? configuration.master_options : PgbusAdapter.master_options
+
+      # A started listener for this worker: a FailoverListener over the master
+      # hub when the scope is :master and the hub answers, else a local Listener.
+      def listener(dispatch_queue:, logger: configuration.logger)
+        raise Error, "Pgbus::Hub.listener: call Pgbus::Hub.configure with a connection first" unless configured?
+
+        options = master_options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix)
+        local = -> { Listener.new(dispatch_queue: dispatch_queue, logger: logger, **options).start }
+        hub_listener(scope: configuration.listen_scope, health_check_ms: options[:health_check_ms],
+                     dispatch_queue: dispatch_queue, local_factory: local, logger: logger) || local.call
+      end
+
+      # The worker half: nil unless scope :master, the socket is exported and the hub answers.
+      def hub_listener(scope:, health_check_ms:, dispatch_queue:, local_factory:, logger:)
+        socket_path = ENV.fetch(Boot::ENV_KEY, "")
+        return nil if scope.to_s != "master" || socket_path.empty?
+
+        failover = nil
+        client = HubClient.new(socket_path: socket_path, dispatch_queue: dispatch_queue, logger: logger,
+                               ack_timeout: Hub.hub_ack_timeout(health_check_ms), # pgbus's formula
+                               on_failure: -> { failover&.fail_over! }).connect
+        failover = FailoverListener.new(hub_client: client, local_listener_factory: local_factory, logger: logger)
+      rescue HubUnavailableError => e
+        logger&.info("[pgbus-hub] master hub not reachable (#{e.message}) — using a per-worker listener")
+        nil
+      end
+    end
+  end
+end

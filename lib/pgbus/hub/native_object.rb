@@ -1,0 +1,74 @@
+# frozen_string_literal: true
+
+module Pgbus
+  module Hub
+    # A named Ruby thread that never reaches a forked child (fork_safe: Puma 7+
+    # warns about threads started during app boot otherwise).
+    def self.thread(name, &body)
+      thread = Thread.new do
+        Thread.current.report_on_exception = false
+        body.call
+      end
+      thread.name = name # named from the moment it is returned
+      thread.thread_variable_set(:fork_safe, true)
+      thread
+    end
+
+    # The Ruby side of the native classes (ext/pgbus_hub/src): keywords resolved
+    # and checked in Rust (Pgbus::Hub.options); the Ruby threads that carry
+    # what native code produced into Ruby (native threads never call Ruby;
+    # each waits in a native call without the GVL); a bounded stop, inert in a
+    # forked child (the native side checks its owner pid too).
+    module NativeObject
+      def threads = [@pump, @log_thread].compact.select(&:alive?)
+
+      def stop
+        native_stop
+        threads.each { |thread| thread.join(5) } if ::Process.pid == @owner_pid
+        @pump = @log_thread = nil
+        self
+      end
+
+      private
+
+      def resolve_options(owner, given)
+        @options = Hub.options(owner, given)
+        @owner_pid = ::Process.pid
+      end
+
+      def start_threads(name)
+        logger = @options[:logger]
+        @log_thread = Hub.thread("#{name} log") { drain_logs(logger) } if logger
+        @pump = Hub.thread("#{name} pump") { pump_wakes(logger) } if @options.key?(:dispatch_queue)
+      end
+
+      # [[severity, message], ...] batches to the user's Logger.
+      def drain_logs(logger)
+        while (batch = native_next_logs)
+          batch.each do |severity, message|
+            logger.add(severity, message, "pgbus-hub")
+          rescue StandardError
+            nil # a broken logger must not stop the drain
+          end
+        end
+      end
+
+      # [[queue, payload], ..., [:failed, reason]] batches: wakes into the
+      # dispatch queue; on_failure at most once, on this Ruby thread.
+      def pump_wakes(logger)
+        wake = Wakes.factory(logger)
+        on_failure = @options[:on_failure]
+        while (batch = native_next_batch)
+          batch.each do |queue, payload|
+            next @options[:dispatch_queue] << wake.call(queue, payload) unless queue == :failed
+
+            failure, on_failure = on_failure, nil
+            failure&.call
+          rescue StandardError => e
+            logger&.error("[pgbus-hub] #{self.class} pump: #{e.class}: #{e.message}") # keep pumping
+          end
+        end
+      end
+    end
+  end
+end

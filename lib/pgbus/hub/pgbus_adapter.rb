@@ -1,0 +1,193 @@
+# frozen_string_literal: true
+
+module Pgbus
+  module Hub
+    # The pgbus glue, chosen once by pgbus's shape, through pgbus's public
+    # constructors and configuration (prepended: zeitwerk and eager loading keep working).
+    # pgbus 0.13.1+: its HubClient.new and MasterHub.new build ours; its own
+    # Instance, FailoverListener and MasterHubBoot do the rest. Older pgbus:
+    # the streams_listen_scope setting, and Listener.new hands out our FailoverListener.
+    module PgbusAdapter
+      SCOPE_HINT = "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)"
+
+      class << self
+        attr_reader :shape
+
+        # Idempotent: at require and at pgbus's first configure/configuration.
+        def install!
+          return nil unless ::Pgbus.method(:configuration).super_method
+
+          @shape ||= defined?(::Pgbus::Web::Streamer::HubClient) ? install_hub_era : install_pre_hub
+          arm_under_pgbus_plugin
+          @shape
+        rescue StandardError => e
+          @shape = :failed
+          warn "[pgbus-hub] pgbus integration failed: #{e.class}: #{e.message}"
+        end
+
+        # The master hub's options from pgbus's configuration, nil until streams are enabled.
+        def master_options(config = (::Pgbus.configuration if shape))
+          return nil unless config.respond_to?(:streams_enabled) && config.streams_enabled
+
+          connection = config.streams_connection_options
+          unless connection.is_a?(String) || connection.is_a?(Hash) # pgbus's streamer refuses these too
+            raise Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a libpq " \
+                         "String (URL or keywords) or a Hash (set streams_database_url or database_url)"
+          end
+
+          listener = ::Pgbus::Web::Streamer::Listener
+          Hub.configuration.master_options(scope: scope_of(config), source: "pgbus", connection: connection,
+                                           health_check_ms: health_check_ms(config),
+                                           channel_prefix: listener::CHANNEL_PREFIX, channel_suffix: listener::CHANNEL_SUFFIX)
+        end
+
+        def scope_of(config) = config.respond_to?(:streams_listen_scope) ? config.streams_listen_scope : :master
+
+        def health_check_ms(config)
+          value = config.streams_listen_health_check_ms
+          value.is_a?(Integer) && value.positive? ? value : Hub::DEFAULTS[:health_check_ms]
+        end
+
+        private
+
+        def install_hub_era
+          streamer = ::Pgbus::Web::Streamer
+          streamer::HubClient.singleton_class.prepend(PgbusHubClient::New)
+          streamer::MasterHub.singleton_class.prepend(PgbusMasterHub::New)
+          Boot.on_teardown { streamer.reset! }
+          :hub_era
+        end
+
+        def install_pre_hub
+          ::Pgbus::Configuration.prepend(ListenScope) unless ::Pgbus::Configuration.method_defined?(:streams_listen_scope)
+          ::Pgbus::Web::Streamer::Listener.singleton_class.prepend(ListenerNew)
+          Boot.on_teardown { ::Pgbus::Web::Streamer.reset! }
+          :pre_hub
+        end
+
+        # pgbus's own puma/plugin/pgbus_streams.rb served `plugin :pgbus_streams`
+        # (first on $LOAD_PATH): it boots no hub unless puma.rb required pgbus.
+        # Preloaded in Puma's cluster master (its public cli_config says so), arm ours.
+        def arm_under_pgbus_plugin
+          return if Boot.armed? || $LOADED_FEATURES.none? { |path| path.end_with?("/puma/plugin/pgbus_streams.rb") }
+
+          options = defined?(::Puma.cli_config) && ::Puma.cli_config&.options
+          return unless options && options[:workers].to_i.positive? && options[:preload_app]
+
+          Boot.arm(logger: ::Pgbus.logger)
+          Boot.logger.info("[pgbus-hub] pgbus's pgbus_streams plugin serves this Puma: the hub starts before the first fork")
+        end
+      end
+
+      # pgbus-hub often loads BEFORE pgbus (puma.rb, Gemfile order): the glue
+      # then installs at the app's first Pgbus.configure / Pgbus.configuration.
+      module ConfigureHook
+        def configure(...)
+          PgbusAdapter.install! unless PgbusAdapter.shape
+          super
+        end
+
+        def configuration(...)
+          PgbusAdapter.install! unless PgbusAdapter.shape
+          super
+        end
+      end
+
+      # pgbus <= 0.13.0: the setting, with 0.13.1's exact validation.
+      module ListenScope
+        def streams_listen_scope = @streams_listen_scope || :master
+
+        def streams_listen_scope=(scope)
+          error = defined?(::Pgbus::ConfigurationError) ? ::Pgbus::ConfigurationError : ArgumentError
+          raise error, "Invalid streams_listen_scope type: #{scope.class}. #{SCOPE_HINT}" unless
+            scope.is_a?(Symbol) || scope.is_a?(String)
+          raise error, "Invalid streams_listen_scope: #{scope.to_sym.inspect}. #{SCOPE_HINT}" unless
+            %i[master process].include?(scope.to_sym)
+
+          @streams_listen_scope = scope.to_sym
+        end
+      end
+
+      # pgbus <= 0.13.0 builds its per-worker Listener (and connection) in
+      # Instance.new: with a hub the worker gets our FailoverListener instead,
+      # pgbus's connection is closed at once and the fallback connects afresh.
+      module ListenerNew
+        def new(**kwargs)
+          config = ::Pgbus.configuration
+          fresh = kwargs[:connection_factory] || -> { ::Pgbus::DedicatedConnection.connect(config.streams_connection_options) }
+          hub = Hub.hub_listener(scope: PgbusAdapter.scope_of(config), health_check_ms: PgbusAdapter.health_check_ms(config),
+                                 dispatch_queue: kwargs[:dispatch_queue], logger: kwargs[:logger],
+                                 local_factory: -> { super(**kwargs, pg_connection: fresh.call).tap(&:start) })
+          return super unless hub
+
+          kwargs[:pg_connection]&.close
+          hub
+        end
+      end
+    end
+
+    # pgbus 0.13.1+'s HubClient.new: our native client, raising pgbus's own
+    # HubUnavailableError (the one its FailoverListener rescues).
+    class PgbusHubClient < HubClient
+      module New
+        def new(**options) = PgbusHubClient.new(unavailable: self::HubUnavailableError, **options)
+      end
+
+      def initialize(unavailable:, **options)
+        @unavailable = unavailable
+        @refused = RefusedQueues.new
+        super(**options)
+      end
+
+      def connect
+        super
+      rescue HubUnavailableError => e
+        raise @unavailable, e.message
+      end
+
+      def ensure_listening(queue)
+        super
+      rescue HubUnavailableError => e
+        raise @unavailable, e.message
+      rescue InvalidQueueError => e
+        @refused.report(queue, e, @logger)
+      end
+    end
+
+    # pgbus 0.13.1+'s MasterHub.new (as its MasterHubBoot builds it): the shared native hub.
+    class PgbusMasterHub
+      module New
+        def new(socket_path:, config: ::Pgbus.configuration, logger: nil, **tuning)
+          PgbusMasterHub.new(socket_path, config, logger || ::Pgbus.logger,
+                             tuning.slice(:status_interval, :durable_queue_limit, :hard_queue_limit))
+        end
+      end
+
+      attr_reader :socket_path, :native_hub
+
+      def initialize(socket_path, config, logger, tuning)
+        @socket_path, @config, @logger, @tuning = socket_path, config, logger, tuning
+      end
+
+      def start
+        options = PgbusAdapter.master_options(@config) or raise Error, "pgbus streams configuration is not ready"
+        @native_hub = SharedHub.start(socket_path: @socket_path, logger: @logger, **options, **@tuning)
+        self
+      end
+
+      def stop
+        SharedHub.stop(@native_hub) if @native_hub
+        self
+      end
+
+      def stats = @native_hub&.stats || {}
+
+      def dropped_durable_wakes = stats.fetch(:dropped_durable_wakes, 0)
+
+      def evicted_workers = stats.fetch(:evicted_workers, 0)
+    end
+  end
+end
+
+Pgbus.singleton_class.prepend(Pgbus::Hub::PgbusAdapter::ConfigureHook)
+Pgbus::Hub::PgbusAdapter.install!
