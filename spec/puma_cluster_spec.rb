@@ -22,7 +22,11 @@ RSpec.describe "Puma cluster on one LISTEN connection", :puma do
     { mode: :pgbus, shape: "v382", order: :pgbus_first },
     { mode: :pgbus, shape: "v382", order: :pgbus_first, eager: true },
     { mode: :pgbus, shape: "v382", order: :pgbus_first, plugins: "pgbus_streams,pgbus_hub" },
-    { mode: :pgbus, shape: "pre382", order: :pgbus_first, plugins: "pgbus_hub" }
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first, plugins: "pgbus_hub" },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first, puma_rb_requires: "pgbus" }, # pgbus's MasterHubBoot runs too
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first, puma_rb_requires: "pgbus" },
+    { mode: :pgbus, shape: "v382", order: :ours_first, puma_rb_requires: "pgbus,pgbus/hub" },
+    { mode: :pgbus, shape: "v382", plugins: "" } # no plugin at all: the gem alone, under preload_app!
   ].each do |options|
     it "census 1 for 4 subscribed workers, wakes everywhere, clean stop: #{options}" do
       c = cluster(**options)
@@ -48,7 +52,7 @@ RSpec.describe "Puma cluster on one LISTEN connection", :puma do
       expect(File.exist?(socket)).to be(false)
       expect(c.final_log.scan(/master hub at \S+ stopped/).size).to eq(1)
       # pgbus's teardown runs from our plugin; pgbus's own plugin registers it for Puma 7+ only
-      ours = options[:order] != :pgbus_first || options[:plugins].to_s.include?("pgbus_hub")
+      ours = (options[:order] != :pgbus_first && options[:plugins] != "") || options[:plugins].to_s.include?("pgbus_hub")
       expect(c.final_log).to match(/\[Pgbus::Streamer\] reset! \(pid \d+\)/) if options[:mode] == :pgbus && ours
       # pgbus's own plugin teardown raises ThreadError in Puma 7/8's trap context (its bug, not ours).
       expect(c.final_log.lines.grep_v(/\[Pgbus::Puma::Plugin\]/).join).not_to match(/failed to start|Error|raised/)

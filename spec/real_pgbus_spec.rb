@@ -43,8 +43,13 @@ RSpec.describe "real pgbus with pgbus-hub in a Puma cluster", :puma do
               "PGBUS_E2E_HUB_FIRST" => gemfile == :hub_first ? "1" : "0" }
       c = cluster(mode: :real, order: order, env: env)
       c.wait_log(/master hub listening at/)
+      expect(c.log.index(/master hub started before fork/)).to be < c.log.index(/Worker \d \(PID: \d+\) booted/)
       subs = c.subscribe_all(unique_stream)
-      expect(subs.values.map { |s| s["listener"] }.uniq).to eq(["Pgbus::Hub::FailoverListener"])
+      # pgbus with its own hub (0.13.1+) keeps its FailoverListener over our HubClient; older pgbus gets ours
+      hub_era = ENV["PGBUS_HUB_REAL_PGBUS_LIBS"].split(File::PATH_SEPARATOR)
+                                                .any? { |dir| File.exist?(File.join(dir, "pgbus/web/streamer/hub_client.rb")) }
+      listener = hub_era ? "Pgbus::Web::Streamer::FailoverListener" : "Pgbus::Hub::FailoverListener"
+      expect(subs.values.map { |s| s["listener"] }.uniq).to eq([listener])
       expect(subs.values.map { |s| s["result"] }.uniq).to eq(["done"])
       expect(c.census_settles_at(1)).to eq(1)
       queue = subs.values.first["queue"]

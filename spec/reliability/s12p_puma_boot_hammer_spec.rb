@@ -5,19 +5,25 @@ require_relative "../support/puma_apps/e2e_helpers"
 # The hub listens before the first worker forks. A client hammers a 4-worker
 # cluster from the moment Puma is spawned (what a rolling restart behind a
 # load balancer does); once every worker has answered a subscription: census 1
-# and the hub reports 4 workers. Ten boots over the load orders and both pgbus
-# shapes; then the same across a hot restart (USR2), a phased restart (USR1:
-# no preload_app!, the hub configured in puma.rb) and fork_worker reforks (URG).
+# and the hub reports 4 workers. Ten boots: both pgbus shapes, both plugin
+# files, puma.rb with and without `require "pgbus"`, no plugin at all; then
+# the same across a hot restart (USR2), a phased restart (USR1: no
+# preload_app!, the hub configured in puma.rb) and fork_worker reforks (URG).
 RSpec.describe "reliability 12p: start-up hammer", :reliability do
   include PumaE2E
 
   BOOTS = [
     { mode: :standalone },
-    { mode: :pgbus, shape: "v382", order: :pgbus_first },
     { mode: :pgbus, shape: "v382", order: :ours_first },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first, puma_rb_requires: "pgbus" },
+    { mode: :pgbus, shape: "v382", order: :pgbus_first, eager: true, plugins: "pgbus_streams,pgbus_hub" },
+    { mode: :pgbus, shape: "v382", plugins: "" },
+    { mode: :pgbus, shape: "pre382", order: :ours_first },
     { mode: :pgbus, shape: "pre382", order: :pgbus_first },
-    { mode: :pgbus, shape: "pre382", order: :ours_first }
-  ].cycle.first(10)
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first, puma_rb_requires: "pgbus" },
+    { mode: :pgbus, shape: "pre382", order: :pgbus_first, plugins: "pgbus_hub" }
+  ].freeze
 
   before { skip "no PostgreSQL at #{PumaCluster::DATABASE_URL}" unless PumaE2E.database_available? }
   after { stop_clusters }

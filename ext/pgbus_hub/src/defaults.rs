@@ -13,6 +13,13 @@ fn hub_ack_timeout(health_check_ms: u64) -> f64 {
     client::hub_ack_timeout(Duration::from_millis(health_check_ms)).as_secs_f64()
 }
 
+/// `Pgbus::Hub.socket_name(pid)`: pgbus's socket file name for a master pid (or "*").
+fn socket_name(pid: magnus::Value) -> Result<String, Error> {
+    Ok(hub::socket_file_name(
+        &pid.funcall::<_, _, String>("to_s", ())?,
+    ))
+}
+
 pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     let defaults = ruby.hash_new();
     let health_check_ms =
@@ -44,6 +51,8 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     )?;
     defaults.freeze();
     hub_module.const_set("DEFAULTS", defaults)?;
+    hub_module.const_set("DEFAULT_SOCKET_ENV", hub::SOCKET_ENV)?;
+    hub_module.define_module_function("socket_name", function!(socket_name, 1))?;
     hub_module.define_module_function("listen_ack_timeout", function!(listen_ack_timeout, 1))?;
     hub_module.define_module_function("hub_ack_timeout", function!(hub_ack_timeout, 1))?;
     Ok(())

@@ -65,17 +65,14 @@ module Pgbus
           :pre_hub
         end
 
-        # pgbus's own puma/plugin/pgbus_streams.rb served `plugin :pgbus_streams`
-        # (first on $LOAD_PATH): it boots no hub unless puma.rb required pgbus.
-        # Preloaded in Puma's cluster master (its public cli_config says so), arm ours.
+        # No plugin of ours runs (pgbus's own puma/plugin/pgbus_streams.rb came
+        # first on $LOAD_PATH, and boots no hub unless puma.rb required pgbus):
+        # in a preloading Puma cluster master the gem alone arms the same boot.
         def arm_under_pgbus_plugin
-          return if Boot.armed? || $LOADED_FEATURES.none? { |path| path.end_with?("/puma/plugin/pgbus_streams.rb") }
-
-          options = defined?(::Puma.cli_config) && ::Puma.cli_config&.options
-          return unless options && options[:workers].to_i.positive? && options[:preload_app]
+          return if Boot.armed? || !PumaPlugin.preloading_cluster_master?
 
           Boot.arm(logger: ::Pgbus.logger)
-          Boot.logger.info("[pgbus-hub] pgbus's pgbus_streams plugin serves this Puma: the hub starts before the first fork")
+          Boot.logger.info("[pgbus-hub] no pgbus-hub plugin in this Puma cluster: the hub starts before the first fork")
         end
       end
 

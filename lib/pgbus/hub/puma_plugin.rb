@@ -7,9 +7,8 @@ module Pgbus
     # Logger-compatible writer over Puma's log (5.6: launcher.events; 6+: launcher.log_writer).
     class PumaLog < ::Logger
       def initialize(launcher)
-        writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
         super(nil, level: ::Logger::INFO)
-        @writer = writer
+        @writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
       end
 
       def add(severity, message = nil, progname = nil)
@@ -21,15 +20,14 @@ module Pgbus
       end
     end
 
-    # The body of `plugin :pgbus_hub` / `plugin :pgbus_streams`, through Puma's
-    # public plugin API only (5.6 to 8): in the master, once Puma knows it runs
-    # workers, arm the boot (the hub then starts right before the first fork);
-    # stop it on stop and before a hot restart's exec.
+    # The one place that touches Puma, through its public plugin API (5.6 to
+    # 8): the body of `plugin :pgbus_hub` / `plugin :pgbus_streams`. In the
+    # master, once Puma knows it runs workers, arm the boot (the hub then
+    # starts right before the first fork); stop it on stop and before a hot
+    # restart's exec.
     module PumaPlugin
       def config(dsl)
-        dsl.public_send(dsl.respond_to?(:before_restart) ? :before_restart : :on_restart) do
-          Boot.teardown("hot restart")
-        end
+        PumaPlugin.hook(dsl, :before_restart, :on_restart) { Boot.teardown("hot restart") }
       end
 
       def start(launcher)
@@ -39,8 +37,21 @@ module Pgbus
         else
           log.info("[pgbus-hub] single mode: no master hub; the process uses its own listener")
         end
-        events = launcher.events
-        events.public_send(events.respond_to?(:after_stopped) ? :after_stopped : :on_stopped) { Boot.teardown("stop") }
+        PumaPlugin.hook(launcher.events, :after_stopped, :on_stopped) { Boot.teardown("stop") }
+      end
+
+      # Puma 7 renamed the hooks (the old names warn, 7.0.0 lacked them).
+      def self.hook(target, modern, legacy, &block)
+        target.public_send(target.respond_to?(modern) ? modern : legacy, &block)
+      end
+
+      # Code preloaded by a Puma cluster master (Puma's public cli_config;
+      # with preload_app!, app code runs in the master only).
+      def self.preloading_cluster_master?
+        options = defined?(::Puma.cli_config) && ::Puma.cli_config&.options
+        !!(options && options[:workers].to_i.positive? && options[:preload_app])
+      rescue StandardError # Puma 7+: options before clamp
+        false
       end
     end
   end

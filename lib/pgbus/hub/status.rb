@@ -5,12 +5,8 @@ require "tmpdir"
 
 module Pgbus
   module Hub
-    DEFAULT_SOCKET_ENV = "PGBUS_STREAMS_HUB_SOCKET"
-
+    # DEFAULT_SOCKET_ENV and socket_name(pid), pgbus's, come from the Rust core.
     class << self
-      # pgbus's hub socket name (its MasterHubBoot's): one per Puma master pid.
-      def socket_name(pid) = "pgbus-streams-hub-#{pid}.sock"
-
       def default_socket_pattern(dir = Dir.tmpdir) = File.join(dir, socket_name("*"))
 
       # Hub sockets at the default path, for an operator's shell (where the variable is unset).

@@ -8,6 +8,8 @@ preload_app! ENV["PGBUS_E2E_PRELOAD"] == "1"
 fork_worker if ENV["PGBUS_E2E_FORK_WORKER"] == "1"
 rackup ENV.fetch("PGBUS_E2E_RACKUP") { File.join(__dir__, "config.ru") }
 worker_shutdown_timeout 5
+# puma.rb may load pgbus itself (then pgbus's own plugin can boot its MasterHubBoot).
+ENV.fetch("PGBUS_E2E_PUMA_RB_REQUIRES", "").split(",").each { |lib| require lib }
 ENV.fetch("PGBUS_E2E_PLUGINS", "pgbus_streams").split(",").each { |name| plugin name.to_sym }
 
 state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")

@@ -21,9 +21,9 @@ class PumaCluster
   # mode: :pgbus or :standalone, or :real (the pgbus on PGBUS_HUB_REAL_PGBUS_LIBS, spec/support/real_pgbus);
   # shape: "pre382" / "v382"; order: :ours_first / :pgbus_first
   def initialize(mode:, shape: nil, order: :ours_first, workers: 4, preload: true, plugins: "pgbus_streams",
-                 scope: nil, fork_worker: false, eager: false, env: {})
+                 scope: nil, fork_worker: false, eager: false, puma_rb_requires: "", env: {})
     @options = { mode: mode, shape: shape, order: order, workers: workers, preload: preload, plugins: plugins,
-                 scope: scope, fork_worker: fork_worker, eager: eager }
+                 scope: scope, fork_worker: fork_worker, eager: eager, puma_rb_requires: puma_rb_requires }
     @extra_env = env
   end
 
@@ -63,6 +63,7 @@ class PumaCluster
       "PGBUS_E2E_PRELOAD" => @options[:preload] ? "1" : "0",
       "PGBUS_E2E_FORK_WORKER" => @options[:fork_worker] ? "1" : "0",
       "PGBUS_E2E_PLUGINS" => @options[:plugins],
+      "PGBUS_E2E_PUMA_RB_REQUIRES" => @options[:puma_rb_requires],
       "PGBUS_E2E_SCOPE" => (@options[:scope] || "master").to_s,
       "PGBUS_E2E_SET_SCOPE" => @options[:scope] ? "1" : "0",
       "PGBUS_STANDIN_EAGER" => @options[:eager] ? "1" : "0",

@@ -35,6 +35,14 @@ pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
 /// checks health this often): a change reaches workers within a second.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The environment variable that names the hub's socket to the workers (pgbus's).
+pub const SOCKET_ENV: &str = "PGBUS_STREAMS_HUB_SOCKET";
+
+/// pgbus's hub socket file name: one per Puma master pid (`pid` may be a glob's `*`).
+pub fn socket_file_name(pid: &str) -> String {
+    format!("pgbus-streams-hub-{pid}.sock")
+}
+
 /// How long `stop` lets the engine UNLISTEN and close before giving up on it.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
