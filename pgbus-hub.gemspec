@@ -2,6 +2,14 @@
 
 require_relative "lib/pgbus/hub/version"
 
+# Two gems from this file (rake gem / rake native, see the Rakefile):
+# - the source gem (platform ruby): both crates, built by extconf.rb with cargo
+#   at install time; `rake gem` adds the vendored crates (vendor/cargo), so it
+#   builds offline;
+# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux: a precompiled gem carrying one
+#   library per Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
+native_platform = ENV.fetch("PGBUS_HUB_NATIVE_PLATFORM", "")
+
 Gem::Specification.new do |spec|
   spec.name = "pgbus-hub"
   spec.version = Pgbus::Hub::VERSION
@@ -11,25 +19,29 @@ Gem::Specification.new do |spec|
                      "plus a Puma plugin: workers share one LISTEN connection over a Unix socket."
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
-
-  # Exactly what the build needs: Ruby sources, both crates, the workspace
-  # manifest and lock file. Never target/, tmp/, fuzz corpora or specs.
-  spec.files = Dir[
-    "lib/**/*.rb",
-    "exe/*",
-    "ext/pgbus_hub/extconf.rb",
-    "ext/pgbus_hub/Cargo.toml",
-    "ext/pgbus_hub/src/**/*.rs",
-    "ext/pgbus_hub_core/Cargo.toml",
-    "ext/pgbus_hub_core/src/**/*.rs",
-    "Cargo.toml",
-    "Cargo.lock",
-    "README.md",
-    "CHANGELOG.md",
-    "LICENSE"
-  ]
+  spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "CHANGELOG.md", "LICENSE"]
   spec.require_paths = ["lib"]
   spec.bindir = "exe"
   spec.executables = ["pgbus-hub"]
-  spec.extensions = ["ext/pgbus_hub/extconf.rb"]
+
+  if native_platform.empty?
+    # Exactly what the build needs: both crates, the workspace manifest and lock
+    # file, and the vendored crates when `rake gem` put them there. Never
+    # target/, tmp/, fuzz corpora or specs.
+    spec.files += Dir["ext/pgbus_hub/extconf.rb", "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/**/*.rs",
+                      "ext/pgbus_hub_core/Cargo.toml", "ext/pgbus_hub_core/src/**/*.rs", "Cargo.toml", "Cargo.lock"]
+    spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
+    spec.extensions = ["ext/pgbus_hub/extconf.rb"]
+  else
+    built = Dir["lib/pgbus_hub/*/pgbus_hub.so"].sort
+    minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
+    raise "PGBUS_HUB_NATIVE_PLATFORM: no lib/pgbus_hub/<minor>/pgbus_hub.so (run rake native)" if minors.empty?
+
+    spec.platform = Gem::Platform.new(native_platform)
+    spec.files += built
+    # The Rubies built for, from the oldest to the newest minor (a minor in
+    # between without a build gets the load error naming the ones inside).
+    newest_major, newest_minor = minors.max.segments
+    spec.required_ruby_version = [">= #{minors.min}", "< #{newest_major}.#{newest_minor + 1}.dev"]
+  end
 end

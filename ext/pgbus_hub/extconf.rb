@@ -27,6 +27,15 @@ manifest = File.join(source_root, "Cargo.toml")
 target_env = ENV["CARGO_TARGET_DIR"]
 target_dir = target_env && !target_env.empty? ? File.expand_path(target_env) : File.join(Dir.pwd, "target")
 built = File.join(target_dir, "release", "libpgbus_hub.so")
+# The source gem built by `rake gem` carries every crate (vendor/cargo): it
+# builds without crates.io.
+vendored = File.join(source_root, "vendor", "cargo")
+offline = if File.directory?(vendored)
+            ["--offline", "--config", 'source.crates-io.replace-with="vendored-sources"',
+             "--config", "source.vendored-sources.directory=#{vendored.inspect}"]
+          else
+            []
+          end
 remove_target = target_env.nil? || target_env.empty?
 
 sh = ->(s) { Shellwords.escape(s) }
@@ -47,7 +56,7 @@ File.write("Makefile", <<~MAKE)
   # every gem install (and again at the next `rake compile`). The Rust build
   # embeds no timestamps, so cargo runs without it.
   $(DLIB):
-  \tenv -u SOURCE_DATE_EPOCH RUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked --manifest-path #{sh[manifest]} -p pgbus_hub
+  \tenv -u SOURCE_DATE_EPOCH RUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked #{offline.map(&sh).join(" ")} --manifest-path #{sh[manifest]} -p pgbus_hub
   \tcp #{sh[built]} $(DLIB)
 
   install: $(DLIB)

@@ -75,7 +75,7 @@ run lambda { |env|
            sleep Float(req.params.fetch("hold", "0"))
            { pid: Process.pid, listener: listener, result: result }
          else
-           { pid: Process.pid }
+           { pid: Process.pid, native: $LOADED_FEATURES.grep(%r{pgbus_hub\.so\z}).first }
          end
   [200, { "content-type" => "application/json" }, [JSON.generate(body)]]
 }

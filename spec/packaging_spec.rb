@@ -1,0 +1,99 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "fileutils"
+require "open3"
+require "rbconfig"
+require_relative "support/puma_apps/e2e_helpers"
+
+# The gems `rake gem` and `rake native` put in pkg/ (run with PGBUS_HUB_PKG=1
+# after building them; .ci/run does, on Ruby 3.1 and, in the chroot, 3.3):
+# - the precompiled gem installs with no Rust toolchain on PATH into an empty
+#   GEM_HOME, loads its library from there and serves a 4-worker Puma cluster
+#   on one LISTEN connection;
+# - the source gem installs with crates.io unreachable (an empty CARGO_HOME,
+#   CARGO_NET_OFFLINE=true): everything it compiles is inside it.
+RSpec.describe "packaged gems", :puma do
+  include PumaE2E
+
+  PKG = File.join(ROOT, "pkg")
+  MINOR = RUBY_VERSION[/\A\d+\.\d+/]
+
+  before { skip "set PGBUS_HUB_PKG=1 after rake gem native (see the header)" unless ENV["PGBUS_HUB_PKG"] == "1" }
+  after { stop_clusters }
+
+  # PATH without any directory that has cargo or rustc.
+  def path_without_rust
+    ENV.fetch("PATH").split(File::PATH_SEPARATOR).reject do |dir|
+      %w[cargo rustc].any? { |tool| File.executable?(File.join(dir, tool)) }
+    end.join(File::PATH_SEPARATOR)
+  end
+
+  # `isolated:` with no network at all (a network namespace of its own), where unshare(1) can.
+  def install(gem_file, home, env = {}, isolated: false)
+    no_network = isolated && system("unshare", "--net", "true", err: File::NULL) ? %w[unshare --net] : []
+    out, status = Open3.capture2e({ "GEM_HOME" => home, "GEM_PATH" => home }.merge(env),
+                                  *no_network, "gem", "install", "--local", "--no-document", gem_file)
+    expect(status).to be_success, out
+    out
+  end
+
+  # The library a fresh Ruby (no RUBYLIB) loads from `home`, and its version.
+  def loaded_from(home, env = {})
+    script = 'require "pgbus/hub"; puts [Pgbus::Hub::VERSION, $LOADED_FEATURES.grep(/pgbus_hub\.so\z/).first].join("|")'
+    out, status = Open3.capture2e({ "GEM_HOME" => home, "GEM_PATH" => home, "RUBYLIB" => nil, "RUBYOPT" => nil }.merge(env),
+                                  RbConfig.ruby, "-e", script, chdir: Dir.tmpdir)
+    expect(status).to be_success, out
+    out.strip.split("|")
+  end
+
+  it "precompiled: installs without a Rust toolchain, loads its #{MINOR} build, census 1 under Puma" do
+    gem_file = Dir[File.join(PKG, "pgbus-hub-*-x86_64-linux.gem")].max
+    expect(gem_file).not_to be_nil, "no precompiled gem in pkg/ (rake native)"
+    Dir.mktmpdir("pgbus-hub-native") do |home|
+      no_rust = { "PATH" => path_without_rust }
+      expect(system(no_rust, "sh", "-c", "command -v cargo || command -v rustc", out: File::NULL)).to be(false)
+      install(gem_file, home, no_rust)
+      version, feature = loaded_from(home, no_rust)
+      expect(version).to eq(Pgbus::Hub::VERSION)
+      expect(feature).to start_with(home).and end_with("lib/pgbus_hub/#{MINOR}/pgbus_hub.so")
+      expect(Dir[File.join(home, "extensions", "**", "*")]).to be_empty # nothing was compiled
+
+      env = no_rust.merge("RUBYLIB" => nil, "GEM_HOME" => home, "GEM_PATH" => [home, *Gem.path].join(File::PATH_SEPARATOR))
+      c = cluster(mode: :standalone, env: env)
+      c.wait_log(/master hub started before fork/)
+      expect(c.get("/pid")["native"]).to start_with(home)
+      c.subscribe_all(unique_stream)
+      expect(c.census_settles_at(1)).to eq(1)
+      c.wait_for("4 workers on the hub", timeout: 10) { c.hub_info&.dig("stats", "workers") == 4 }
+      c.stop
+
+      # A Ruby this gem has no build for gets a LoadError naming the builds inside.
+      FileUtils.rm_rf(Dir[File.join(home, "gems", "pgbus-hub-*", "lib", "pgbus_hub", MINOR)])
+      out, status = Open3.capture2e(env, RbConfig.ruby, "-e", 'require "pgbus/hub"', chdir: Dir.tmpdir)
+      expect(status).not_to be_success
+      expect(out).to match(/pgbus-hub has no native extension for Ruby #{MINOR} here \(built for \d+\.\d+.*\): install the source gem/)
+      puts "  [precompiled gem on Ruby #{RUBY_VERSION}: installed without cargo, census 1, 4 workers on the hub]"
+    end
+  end
+
+  it "source: installs with crates.io unreachable (vendored crates; no network where unshare can)" do
+    gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}.gem")
+    expect(File.exist?(gem_file)).to be(true), "no source gem in pkg/ (rake gem)"
+    Dir.mktmpdir("pgbus-hub-offline") do |dir|
+      home = File.join(dir, "home")
+      cargo_home = File.join(dir, "cargo-home") # no registry index, no cached crates
+      Dir.mkdir(cargo_home)
+      offline = { "CARGO_HOME" => cargo_home, "CARGO_NET_OFFLINE" => "true", "CARGO_TARGET_DIR" => nil,
+                  "RUSTUP_HOME" => ENV.fetch("RUSTUP_HOME") { File.join(Dir.home, ".rustup") } }
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      install(gem_file, home, offline, isolated: true)
+      seconds = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).round
+      expect(Dir[File.join(cargo_home, "registry", "**", "*.crate")]).to be_empty
+      version, feature = loaded_from(home)
+      expect(version).to eq(Pgbus::Hub::VERSION)
+      expect(feature).to start_with(home)
+      puts "  [source gem #{(File.size(gem_file) / 1048576.0).round(1)} MB: built offline in #{seconds} s on Ruby #{RUBY_VERSION}]"
+    end
+  end
+end
