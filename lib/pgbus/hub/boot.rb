@@ -75,6 +75,8 @@ module Pgbus
         rescue Error => e
           @armed_pid = nil # refused: not again at every fork
           @logger&.error("[pgbus-hub] no master hub: #{e.message} — workers use their own LISTEN connections")
+        rescue StandardError => e # e.g. pgbus's configuration raising: logged, retried at the next fork
+          @logger&.error("[pgbus-hub] no master hub yet (#{e.class}: #{e.message}) — workers use their own LISTEN connections")
         end
 
         # Disarms, stops the hub (socket unlinked), runs the registered
@@ -116,7 +118,7 @@ module Pgbus
               break if (options = Hub.master_options)
             end
             options ? start(options) : @logger&.warn("[pgbus-hub] no hub configuration within #{POLLS}s: no master hub")
-          rescue Error => e
+          rescue StandardError => e
             @logger&.error("[pgbus-hub] no master hub: #{e.message}")
           end
         end
