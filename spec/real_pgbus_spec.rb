@@ -43,6 +43,7 @@ RSpec.describe "real pgbus with pgbus-hub in a Puma cluster", :puma do
               "PGBUS_E2E_HUB_FIRST" => gemfile == :hub_first ? "1" : "0" }
       c = cluster(mode: :real, order: order, env: env)
       c.wait_log(/master hub listening at/)
+      c.wait_log(/Worker \d \(PID: \d+\) booted/)
       expect(c.log.index(/master hub started before fork/)).to be < c.log.index(/Worker \d \(PID: \d+\) booted/)
       subs = c.subscribe_all(unique_stream)
       # pgbus with its own hub (0.13.1+) keeps its FailoverListener over our HubClient; older pgbus gets ours
