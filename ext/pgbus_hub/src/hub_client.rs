@@ -73,12 +73,19 @@ impl RbHubClient {
         let client = rb_self
             .client()
             .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
-        let listening = nogvl(move || client.ensure_listening(&queue), || {})
-            .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
-            .map_err(|e| client_error(ruby, e))?;
+        // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
+        let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
+        let listening = nogvl(
+            move || client.ensure_listening_or_cancel(&queue, &cancelled),
+            move || {
+                let _ = cancel.try_send(());
+            },
+        )
+        .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
+        .map_err(|e| client_error(ruby, e))?;
         Ok(match listening {
             Listening::Active => Some(ruby.to_symbol("done")),
-            Listening::AfterReconnect => None,
+            Listening::AfterReconnect | Listening::Interrupted => None,
         })
     }
 

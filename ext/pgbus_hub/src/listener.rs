@@ -65,9 +65,13 @@ impl RbListener {
             return Err(hub_error(ruby, "Listener#ensure_listening before start"));
         };
         let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
+        // Thread#kill / Thread#raise end the wait at once (the LISTEN stays queued).
+        let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
         let outcome = nogvl(
-            move || read(&listener).ensure_listening(&queue, timeout),
-            || {},
+            move || read(&listener).ensure_listening_or_cancel(&queue, timeout, &cancelled),
+            move || {
+                let _ = cancel.try_send(());
+            },
         )
         .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
         match outcome {

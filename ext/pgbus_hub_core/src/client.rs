@@ -145,6 +145,9 @@ pub enum Listening {
     /// The hub's database connection is down: the sub is registered there and
     /// is LISTENed when the hub reconnects (not waited for).
     AfterReconnect,
+    /// The caller cancelled the wait (an embedder's unblock function: Ruby's
+    /// Thread#kill): the sub was sent and stays registered, unconfirmed.
+    Interrupted,
 }
 
 /// What a waiter in `ensure_listening` is told.
@@ -286,6 +289,16 @@ impl HubClient {
     /// or, while the hub reports its database down, at most
     /// [`UNHEALTHY_ACK_GRACE`] (then `AfterReconnect`).
     pub fn ensure_listening(&self, queue: &str) -> Result<Listening, ClientError> {
+        self.ensure_listening_or_cancel(queue, &crossbeam_channel::never())
+    }
+
+    /// [`HubClient::ensure_listening`], returning [`Listening::Interrupted`]
+    /// as soon as `cancel` receives.
+    pub fn ensure_listening_or_cancel(
+        &self,
+        queue: &str,
+        cancel: &Receiver<()>,
+    ) -> Result<Listening, ClientError> {
         if !self.owner.is_current() {
             return Err(unavailable(INHERITED));
         }
@@ -328,7 +341,18 @@ impl HubClient {
         } else {
             inner.ack_timeout
         };
-        let result = match outcome.recv_timeout(budget) {
+        let received = crossbeam_channel::select! {
+            recv(outcome) -> result => result.map_err(|_| RecvTimeoutError::Disconnected),
+            recv(cancel) -> _ => {
+                if inner.discard_waiter(queue, id) {
+                    return Ok(Listening::Interrupted);
+                }
+                // Already answered under the state lock: the outcome is in the channel.
+                outcome.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+            }
+            default(budget) => Err(RecvTimeoutError::Timeout),
+        };
+        let result = match received {
             Ok(result) => result,
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 if inner.discard_waiter(queue, id) {

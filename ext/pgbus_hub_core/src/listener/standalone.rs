@@ -84,16 +84,28 @@ impl StandaloneListener {
     /// Blocks until `queue` is LISTENed on the live connection, or `timeout`
     /// (the request then stays queued). Call it without the Ruby GVL.
     pub fn ensure_listening(&self, queue: &str, timeout: Duration) -> Result<(), ListenError> {
+        self.ensure_listening_or_cancel(queue, timeout, &crossbeam_channel::never())
+    }
+
+    /// [`StandaloneListener::ensure_listening`], giving up as soon as `cancel`
+    /// receives (an embedder's unblock function): [`ListenError::Timeout`],
+    /// the request stays queued, as after a timeout.
+    pub fn ensure_listening_or_cancel(
+        &self,
+        queue: &str,
+        timeout: Duration,
+        cancel: &crossbeam_channel::Receiver<()>,
+    ) -> Result<(), ListenError> {
         let handle = match (&self.handle, self.owner.is_current()) {
             (Some(handle), true) => handle,
             _ => return Err(ListenError::Stopped),
         };
         let (sender, receiver) = crossbeam_channel::bounded(1);
         handle.listen_with(queue, Reply::Sync(sender));
-        match receiver.recv_timeout(timeout) {
-            Ok(outcome) => outcome,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ListenError::Timeout),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(ListenError::Stopped),
+        crossbeam_channel::select! {
+            recv(receiver) -> outcome => outcome.unwrap_or(Err(ListenError::Stopped)),
+            recv(cancel) -> _ => Err(ListenError::Timeout),
+            default(timeout) => Err(ListenError::Timeout),
         }
     }
 
