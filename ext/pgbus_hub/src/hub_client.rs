@@ -2,7 +2,7 @@
 //! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
 
 use crate::errors::{invalid_queue, panicked, unavailable};
-use crate::nogvl::nogvl;
+use crate::nogvl::{nogvl, nogvl_cancellable};
 use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
@@ -74,13 +74,9 @@ impl RbHubClient {
             .client()
             .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
         // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
-        let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
-        let listening = nogvl(
-            move || client.ensure_listening_or_cancel(&queue, &cancelled),
-            move || {
-                let _ = cancel.try_send(());
-            },
-        )
+        let listening = nogvl_cancellable(move |cancelled| {
+            client.ensure_listening_or_cancel(&queue, cancelled)
+        })
         .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
         .map_err(|e| client_error(ruby, e))?;
         Ok(match listening {

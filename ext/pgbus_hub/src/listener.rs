@@ -3,7 +3,7 @@
 //! lib/pgbus/hub/listener.rb owns the keywords, pump and log threads.
 
 use crate::errors::{hub_error, invalid_queue, panicked};
-use crate::nogvl::nogvl;
+use crate::nogvl::{nogvl, nogvl_cancellable};
 use crate::options::listener_config;
 use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
@@ -66,13 +66,9 @@ impl RbListener {
         };
         let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
         // Thread#kill / Thread#raise end the wait at once (the LISTEN stays queued).
-        let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
-        let outcome = nogvl(
-            move || read(&listener).ensure_listening_or_cancel(&queue, timeout, &cancelled),
-            move || {
-                let _ = cancel.try_send(());
-            },
-        )
+        let outcome = nogvl_cancellable(move |cancelled| {
+            read(&listener).ensure_listening_or_cancel(&queue, timeout, cancelled)
+        })
         .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
         match outcome {
             Ok(()) => Ok(Some(ruby.to_symbol("done"))),

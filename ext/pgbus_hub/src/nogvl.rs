@@ -48,3 +48,19 @@ where
     }
     call.result.and_then(Result::ok)
 }
+
+/// [`nogvl`] for a wait that can be cut short: `func` gets a channel that
+/// receives when Ruby interrupts the call (Thread#kill, Thread#raise), and
+/// must then return promptly.
+pub fn nogvl_cancellable<F, R>(func: F) -> Option<R>
+where
+    F: FnOnce(&crossbeam_channel::Receiver<()>) -> R,
+{
+    let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
+    nogvl(
+        move || func(&cancelled),
+        move || {
+            let _ = cancel.try_send(());
+        },
+    )
+}
