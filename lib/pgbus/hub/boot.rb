@@ -42,7 +42,6 @@ module Pgbus
     # Process._fork) the hub starts synchronously unless it runs, so no worker
     # forks before it listens; `teardown` disarms and stops it.
     module Boot
-      ENV_KEY = DEFAULT_SOCKET_ENV
       # A configuration missing at the first fork (no preload_app!) may still
       # arrive, e.g. from a later Pgbus.configure: checked each second, for two minutes.
       POLL_SECONDS = 1.0
@@ -62,7 +61,7 @@ module Pgbus
 
           @armed_pid = ::Process.pid
           @logger = logger
-          @socket_path = ENV[ENV_KEY] = Hub.configuration.socket_path || default_socket_path
+          @socket_path = ENV[DEFAULT_SOCKET_ENV] = Hub.configuration.socket_path || default_socket_path
           ::Process.singleton_class.prepend(ForkHook) unless ::Process.singleton_class.include?(ForkHook)
         end
 

@@ -76,7 +76,7 @@ module Pgbus
 
       # The worker half: nil unless scope :master, the socket is exported and the hub answers.
       def hub_listener(scope:, health_check_ms:, dispatch_queue:, local_factory:, logger:)
-        socket_path = ENV.fetch(Boot::ENV_KEY, "")
+        socket_path = ENV.fetch(DEFAULT_SOCKET_ENV, "")
         return nil if scope.to_s != "master" || socket_path.empty?
 
         failover = nil
