@@ -1,31 +1,26 @@
 //! libpq-style connection options (URL, keyword string, keyword pairs) turned
-//! into a tokio-postgres [`Config`] plus a TLS connector, and the one place
-//! that opens a connection (so every connection gets the same census tag,
-//! TLS policy and post-connect `SET`s).
-//!
-//! Also home of the crate's only SQL quoting helpers ([`quote_ident`],
-//! [`quote_literal`]): every identifier or literal the crate sends goes through them.
+//! into a tokio-postgres [`Config`] plus a TLS connector: parsing and libpq's
+//! defaults here; TLS in [`tls`], opening a connection in [`connect`], SQL
+//! quoting in [`quote`].
+
+mod connect;
+mod quote;
+mod tls;
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_postgres::config::{Host, SslMode};
-use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket};
+use tokio_postgres::Config;
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+pub use connect::{describe, ConnectError, Connected, ServerMessage, DEFAULT_CONNECT_TIMEOUT};
+pub use quote::{quote_ident, quote_literal, QuoteError};
+pub use tls::{PgConnection, TlsPolicy};
 
 /// The census tag operators count in `pg_stat_activity` (pgbus's `APP_NAME`),
 /// used unless the options name an `application_name` themselves.
 pub const DEFAULT_APPLICATION_NAME: &str = "pgbus-listen";
-
-/// Whole-connect deadline when the options set no `connect_timeout`. libpq
-/// waits forever, but a listener stuck in a half-open handshake would never
-/// retry; 10 s covers a cross-region TCP + TLS + SCRAM handshake many times over.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Debian's libpq default socket directory; elsewhere libpq uses /tmp.
 const DEBIAN_SOCKET_DIR: &str = "/var/run/postgresql";
@@ -91,50 +86,6 @@ fn config_error(message: impl Into<String>) -> ConfigError {
     ConfigError(message.into())
 }
 
-/// A string that cannot be quoted for SQL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuoteError;
-
-impl fmt::Display for QuoteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("contains a NUL byte (PostgreSQL text cannot hold one)")
-    }
-}
-
-impl std::error::Error for QuoteError {}
-
-/// `"name"` with every `"` doubled: safe for any name without NUL, whatever it contains.
-pub fn quote_ident(name: &str) -> Result<String, QuoteError> {
-    if name.contains('\0') {
-        return Err(QuoteError);
-    }
-    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
-}
-
-/// `'value'` with every `'` doubled. A value containing `\` is written as
-/// `E'...'` with `\` doubled too, so it means the same whatever the server's
-/// `standard_conforming_strings` (libpq's PQescapeLiteral does the same).
-pub fn quote_literal(value: &str) -> Result<String, QuoteError> {
-    if value.contains('\0') {
-        return Err(QuoteError);
-    }
-    let body = value.replace('\'', "''");
-    Ok(if body.contains('\\') {
-        format!("E'{}'", body.replace('\\', "\\\\"))
-    } else {
-        format!("'{body}'")
-    })
-}
-
-/// The TLS policy. `Require`/`Prefer` encrypt but do not authenticate the
-/// server (libpq semantics); certificate verification is not offered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsPolicy {
-    Disable,
-    Prefer,
-    Require,
-}
-
 /// Everything needed to (re)open the listener's connection.
 #[derive(Clone)]
 pub struct ConnectionOptions {
@@ -146,52 +97,6 @@ pub struct ConnectionOptions {
     /// since it changes nothing here.
     gssencmode: Option<String>,
 }
-
-/// The connection's server-to-client traffic that is not a query response.
-#[derive(Debug)]
-pub enum ServerMessage {
-    Notification(Notification),
-    /// The connection ended; the reason (an I/O or protocol error, a FATAL from
-    /// `pg_terminate_backend`, a malformed or non-UTF-8 message, ...). Always the last message.
-    Lost(String),
-}
-
-/// A live connection: the client, its out-of-band messages (notifications, in
-/// server order), and the task driving the socket.
-pub struct Connected {
-    pub client: Client,
-    pub messages: mpsc::UnboundedReceiver<ServerMessage>,
-    pub driver: JoinHandle<()>,
-}
-
-impl Connected {
-    /// Drop the client (tokio-postgres then sends Terminate and closes the
-    /// socket), wait up to `grace` for that, then abort the driver.
-    pub async fn close(self, grace: Duration) {
-        let Connected {
-            client,
-            messages,
-            mut driver,
-        } = self;
-        drop(client);
-        drop(messages);
-        if tokio::time::timeout(grace, &mut driver).await.is_err() {
-            driver.abort();
-        }
-    }
-}
-
-/// An error while connecting: the reason, never containing the password.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectError(pub String);
-
-impl fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConnectError {}
 
 impl ConnectionOptions {
     /// A libpq URL (`postgres://` / `postgresql://`, query parameters such as
@@ -322,75 +227,6 @@ impl ConnectionOptions {
     pub fn config(&self) -> &Config {
         &self.config
     }
-
-    /// Open a connection, spawn its driver on the current tokio runtime, run
-    /// the `variables` `SET`s. The whole sequence is bounded by
-    /// `connect_timeout` (or [`DEFAULT_CONNECT_TIMEOUT`]).
-    pub async fn connect(&self) -> Result<Connected, ConnectError> {
-        let deadline = self
-            .config
-            .get_connect_timeout()
-            .copied()
-            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        match tokio::time::timeout(deadline, self.connect_inner()).await {
-            Ok(result) => result,
-            Err(_) => Err(ConnectError(format!(
-                "connect to {self} timed out after {deadline:?}"
-            ))),
-        }
-    }
-
-    async fn connect_inner(&self) -> Result<Connected, ConnectError> {
-        let (client, mut connection) = self
-            .config
-            .connect(self.connector.clone())
-            .await
-            .map_err(|e| ConnectError(format!("connect to {self} failed: {}", describe(&e))))?;
-        let (sender, messages) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            let reason = loop {
-                match futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    Some(Ok(AsyncMessage::Notification(notification))) => {
-                        // A send error means the engine dropped its receiver;
-                        // keep driving until the client is dropped too.
-                        let _ = sender.send(ServerMessage::Notification(notification));
-                    }
-                    Some(Ok(_notice)) => {}
-                    Some(Err(error)) => break describe(&error),
-                    None => break "the server closed the connection".to_string(),
-                }
-            };
-            let _ = sender.send(ServerMessage::Lost(reason));
-        });
-        let connected = Connected {
-            client,
-            messages,
-            driver,
-        };
-        let sql = self
-            .variables_sql()
-            .map_err(|e| ConnectError(format!("variables: {e}")))?;
-        if !sql.is_empty() {
-            if let Err(error) = connected.client.batch_execute(&sql).await {
-                let reason = format!("applying variables failed: {}", describe(&error));
-                connected.close(Duration::from_millis(100)).await;
-                return Err(ConnectError(reason));
-            }
-        }
-        Ok(connected)
-    }
-}
-
-/// A tokio-postgres error with its server detail (the bare Display of a
-/// server error is just "db error").
-pub fn describe(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
-        None => match std::error::Error::source(error) {
-            Some(source) => format!("{error}: {source}"),
-            None => error.to_string(),
-        },
-    }
 }
 
 /// Keywords this module handles itself instead of tokio-postgres.
@@ -481,7 +317,7 @@ impl Intercepted {
         Ok(ConnectionOptions {
             config,
             tls,
-            connector: make_tls()?,
+            connector: tls::make_tls()?,
             variables: Vec::new(),
             gssencmode,
         })
@@ -693,75 +529,6 @@ fn parse_keywords(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
     }
 }
 
-/// TLS without certificate verification, for sslmode=require/prefer: libpq's
-/// semantics for those modes are "encrypt, do not authenticate" (the server
-/// commonly has a self-signed or snakeoil certificate). The handshake
-/// signature is still checked against the presented key, so the session is
-/// bound to that certificate; what is skipped is only chain + hostname validation.
-fn make_tls() -> Result<MakeRustlsConnect, ConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(EncryptOnly(provider.clone()));
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| config_error(format!("TLS set-up failed: {e}")))?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
-}
-
-/// Type of a tokio-postgres connection opened by [`ConnectionOptions::connect`].
-pub type PgConnection =
-    tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
-
-#[derive(Debug)]
-struct EncryptOnly(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 impl fmt::Display for ConnectionOptions {
     /// `host=... port=... dbname=... user=... application_name=... sslmode=...`; never the password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -827,28 +594,15 @@ mod tests {
     fn parse_errors_never_echo_what_may_be_a_secret() {
         let error = |text: &str| ConnectionOptions::parse(text).unwrap_err().to_string();
         let typo = error("postgress://app:s3cret@db/app");
-        assert!(typo.contains("unknown URL scheme \"postgress://\""), "{typo}");
+        assert!(
+            typo.contains("unknown URL scheme \"postgress://\""),
+            "{typo}"
+        );
         assert!(!typo.contains("s3cret"), "{typo}");
         let stray = error("host=db user=app s3cret!");
         assert!(stray.contains("a word of 7 characters"), "{stray}");
         assert!(!stray.contains("s3cret"), "{stray}");
         assert!(error("host=db bogus").contains("missing \"=\" after \"bogus\""));
-    }
-
-    #[test]
-    fn quote_ident_doubles_double_quotes_and_rejects_nul() {
-        assert_eq!(quote_ident("a").unwrap(), "\"a\"");
-        assert_eq!(quote_ident("a\"b").unwrap(), "\"a\"\"b\"");
-        assert_eq!(quote_ident("x'; drop").unwrap(), "\"x'; drop\"");
-        assert_eq!(quote_ident("a\0b"), Err(QuoteError));
-    }
-
-    #[test]
-    fn quote_literal_doubles_single_quotes_and_escapes_backslashes() {
-        assert_eq!(quote_literal("5s").unwrap(), "'5s'");
-        assert_eq!(quote_literal("it's").unwrap(), "'it''s'");
-        assert_eq!(quote_literal("a\\'b").unwrap(), "E'a\\\\''b'");
-        assert_eq!(quote_literal("\0"), Err(QuoteError));
     }
 
     #[test]

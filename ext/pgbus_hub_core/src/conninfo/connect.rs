@@ -1,0 +1,133 @@
+//! Opening a connection: the one place every connection is made, so each gets
+//! the same census tag, TLS policy, deadline and post-connect `SET`s.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, Client, Notification};
+
+use super::ConnectionOptions;
+
+/// Whole-connect deadline when the options set no `connect_timeout`. libpq
+/// waits forever, but a listener stuck in a half-open handshake would never
+/// retry; 10 s covers a cross-region TCP + TLS + SCRAM handshake many times over.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The connection's server-to-client traffic that is not a query response.
+#[derive(Debug)]
+pub enum ServerMessage {
+    Notification(Notification),
+    /// The connection ended; the reason (an I/O or protocol error, a FATAL from
+    /// `pg_terminate_backend`, a malformed or non-UTF-8 message, ...). Always the last message.
+    Lost(String),
+}
+
+/// A live connection: the client, its out-of-band messages (notifications, in
+/// server order), and the task driving the socket.
+pub struct Connected {
+    pub client: Client,
+    pub messages: mpsc::UnboundedReceiver<ServerMessage>,
+    pub driver: JoinHandle<()>,
+}
+
+impl Connected {
+    /// Drop the client (tokio-postgres then sends Terminate and closes the
+    /// socket), wait up to `grace` for that, then abort the driver.
+    pub async fn close(self, grace: Duration) {
+        let Connected {
+            client,
+            messages,
+            mut driver,
+        } = self;
+        drop(client);
+        drop(messages);
+        if tokio::time::timeout(grace, &mut driver).await.is_err() {
+            driver.abort();
+        }
+    }
+}
+
+/// An error while connecting: the reason, never containing the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectError(pub String);
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl ConnectionOptions {
+    /// Open a connection, spawn its driver on the current tokio runtime, run
+    /// the `variables` `SET`s. The whole sequence is bounded by
+    /// `connect_timeout` (or [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub async fn connect(&self) -> Result<Connected, ConnectError> {
+        let deadline = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        match tokio::time::timeout(deadline, self.connect_inner()).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError(format!(
+                "connect to {self} timed out after {deadline:?}"
+            ))),
+        }
+    }
+
+    async fn connect_inner(&self) -> Result<Connected, ConnectError> {
+        let (client, mut connection) = self
+            .config
+            .connect(self.connector.clone())
+            .await
+            .map_err(|e| ConnectError(format!("connect to {self} failed: {}", describe(&e))))?;
+        let (sender, messages) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let reason = loop {
+                match futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(notification))) => {
+                        // A send error means the engine dropped its receiver;
+                        // keep driving until the client is dropped too.
+                        let _ = sender.send(ServerMessage::Notification(notification));
+                    }
+                    Some(Ok(_notice)) => {}
+                    Some(Err(error)) => break describe(&error),
+                    None => break "the server closed the connection".to_string(),
+                }
+            };
+            let _ = sender.send(ServerMessage::Lost(reason));
+        });
+        let connected = Connected {
+            client,
+            messages,
+            driver,
+        };
+        let sql = self
+            .variables_sql()
+            .map_err(|e| ConnectError(format!("variables: {e}")))?;
+        if !sql.is_empty() {
+            if let Err(error) = connected.client.batch_execute(&sql).await {
+                let reason = format!("applying variables failed: {}", describe(&error));
+                connected.close(Duration::from_millis(100)).await;
+                return Err(ConnectError(reason));
+            }
+        }
+        Ok(connected)
+    }
+}
+
+/// A tokio-postgres error with its server detail (the bare Display of a
+/// server error is just "db error").
+pub fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => match std::error::Error::source(error) {
+            Some(source) => format!("{error}: {source}"),
+            None => error.to_string(),
+        },
+    }
+}
