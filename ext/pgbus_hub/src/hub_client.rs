@@ -7,7 +7,8 @@ use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::log::LogSink;
-use std::sync::{Arc, Mutex, MutexGuard};
+use pgbus_hub_core::sync::lock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Default)]
@@ -15,12 +16,6 @@ use std::time::Duration;
 pub struct RbHubClient {
     client: Mutex<Option<Arc<HubClient>>>,
     outputs: Outputs,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn client_error(ruby: &Ruby, error: ClientError) -> Error {

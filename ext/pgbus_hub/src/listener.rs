@@ -9,7 +9,8 @@ use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
 use pgbus_hub_core::listener::StandaloneListener;
 use pgbus_hub_core::log::LogSink;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use pgbus_hub_core::sync::{lock, read, write};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 #[derive(Default)]
@@ -18,20 +19,6 @@ pub struct RbListener {
     /// RwLock: concurrent ensure_listening calls (one per request thread) share it; stop takes it alone.
     listener: Mutex<Option<Arc<RwLock<StandaloneListener>>>>,
     outputs: Outputs,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn read(
-    listener: &RwLock<StandaloneListener>,
-) -> std::sync::RwLockReadGuard<'_, StandaloneListener> {
-    listener
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl RbListener {
@@ -105,11 +92,8 @@ impl RbListener {
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let taken = lock(&rb_self.listener).take();
         if let Some(listener) = taken {
-            nogvl(
-                move || listener.write().unwrap_or_else(|p| p.into_inner()).stop(),
-                || {},
-            )
-            .ok_or_else(|| panicked(ruby, "Listener#stop"))?;
+            nogvl(move || write(&listener).stop(), || {})
+                .ok_or_else(|| panicked(ruby, "Listener#stop"))?;
         }
         rb_self.outputs.close();
         Ok(())

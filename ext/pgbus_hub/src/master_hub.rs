@@ -8,6 +8,7 @@ use crate::options::{listener_config, required, seconds};
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
+use pgbus_hub_core::sync::lock;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -20,16 +21,11 @@ pub struct RbMasterHub {
 
 impl RbMasterHub {
     fn hub(&self) -> std::sync::MutexGuard<'_, Option<MasterHub>> {
-        self.hub
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.hub)
     }
 
     fn pump(&self) -> Option<Arc<LogPump>> {
-        self.logs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        lock(&self.logs).clone()
     }
 
     /// Binds and starts; raises Pgbus::Hub::Error with the reason.
@@ -47,8 +43,7 @@ impl RbMasterHub {
         };
         let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
         *rb_self.hub() = Some(hub);
-        *rb_self.logs.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Arc::new(LogPump::new(records)));
+        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use crate::nogvl::nogvl;
 use magnus::{Error, RArray, Ruby};
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::Record;
+use pgbus_hub_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,7 +53,8 @@ impl Pump {
         let array = ruby.ary_new();
         for item in batch.items {
             match item {
-                Delivery::Wake { queue, payload } => array.push((queue, payload))?,
+                // One copy each, into the Ruby Strings.
+                Delivery::Wake(wake) => array.push((&*wake.queue, wake.payload.as_deref()))?,
                 Delivery::Failed { reason } => array.push((ruby.to_symbol("failed"), reason))?,
             }
         }
@@ -69,16 +71,11 @@ pub struct Outputs {
 }
 
 fn current<T>(slot: &Mutex<Option<Arc<T>>>) -> Option<Arc<T>> {
-    slot.lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
+    lock(slot).clone()
 }
 
 fn replace<T>(slot: &Mutex<Option<Arc<T>>>, value: Option<Arc<T>>) -> Option<Arc<T>> {
-    std::mem::replace(
-        &mut *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
-        value,
-    )
+    std::mem::replace(&mut *lock(slot), value)
 }
 
 impl Outputs {

@@ -37,7 +37,8 @@
 use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
 use crate::log::LogSink;
 use crate::process::Owner;
-use crate::protocol::{Decoder, Message, Object};
+use crate::protocol::{Decoder, Message};
+use crate::sync::{lock, read};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -49,7 +50,7 @@ use std::os::unix::net::UnixStream;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -77,9 +78,6 @@ pub const SUN_PATH_BYTES: usize = {
     let addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_path.len()
 };
-
-/// One read's worth; frames larger than this are reassembled by the decoder.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The reader decodes JSON nested up to 100 deep; 512 KiB is ample.
 const READER_STACK_BYTES: usize = 512 * 1024;
@@ -211,14 +209,6 @@ pub struct HubClient {
     inner: Arc<Inner>,
     owner: Owner,
     reader: Mutex<Option<Reader>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere never leaves our state half-updated in a way that
-    // matters more than staying usable.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Seconds the way Ruby prints a Float: 2.0, 0.25.
@@ -602,7 +592,7 @@ impl Inner {
     }
 
     fn shutdown(&self) {
-        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        let stream = read(&self.stream);
         if let Some(stream) = stream.as_ref() {
             // ENOTCONN if the peer is already gone: nothing left to do.
             let _ = stream.shutdown(Shutdown::Both);
@@ -640,7 +630,7 @@ impl Inner {
     fn write_frame(&self, frame: &[u8]) -> Result<(), String> {
         let deadline = Instant::now().checked_add(self.ack_timeout);
         let _serial = lock(&self.write_lock);
-        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+        let stream = read(&self.stream);
         let Some(stream) = stream.as_ref() else {
             return Err(STOPPED.into());
         };
@@ -707,18 +697,18 @@ impl Inner {
     }
 
     /// One read from the socket; None once `stop` closed it.
-    fn read_some(&self, buffer: &mut [u8]) -> Option<io::Result<usize>> {
-        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+    fn read_some(&self, decoder: &mut Decoder) -> Option<io::Result<usize>> {
+        let stream = read(&self.stream);
         let mut stream: &UnixStream = stream.as_ref()?;
-        Some(stream.read(buffer))
+        Some(decoder.read_with(|buffer| stream.read(buffer)))
     }
 
     /// The driven reader's wait: polls the socket and `wakeup` for at most
     /// `timeout`, then reads what is there. The stream stays read-locked
     /// throughout, so `stop` cannot close (and the kernel reuse) the fd under
     /// the poll; its shutdown(2) ends the poll at once.
-    fn read_when_ready(&self, buffer: &mut [u8], wakeup: &Wakeup, timeout: Duration) -> Ready {
-        let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
+    fn read_when_ready(&self, decoder: &mut Decoder, wakeup: &Wakeup, timeout: Duration) -> Ready {
+        let stream = read(&self.stream);
         let Some(stream) = stream
             .as_ref()
             .filter(|_| !self.dead.load(Ordering::Acquire))
@@ -739,19 +729,21 @@ impl Inner {
             _ if fds[0].revents != 0 => {
                 // SAFETY: fd is open (we hold the stream); buffer is valid.
                 // MSG_DONTWAIT: never block with the stream lock held.
-                let got = unsafe {
-                    libc::recv(
-                        stream.as_raw_fd(),
-                        buffer.as_mut_ptr().cast(),
-                        buffer.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                Ready::Read(if got < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(got as usize)
-                })
+                Ready::Read(decoder.read_with(|buffer| {
+                    let got = unsafe {
+                        libc::recv(
+                            stream.as_raw_fd(),
+                            buffer.as_mut_ptr().cast(),
+                            buffer.len(),
+                            libc::MSG_DONTWAIT,
+                        )
+                    };
+                    if got < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(got as usize)
+                    }
+                }))
             }
             // EINTR: the caller's loop polls again.
             _ => Ready::Read(Err(io::ErrorKind::Interrupted.into())),
@@ -759,14 +751,12 @@ impl Inner {
     }
 
     /// Handles one decoded frame; Err(reason) kills the client.
-    fn handle_frame(&self, object: Object) -> Result<(), String> {
-        let message =
-            Message::from_object(object).map_err(|e| format!("master hub protocol error: {e}"))?;
+    fn handle_frame(&self, message: Message) -> Result<(), String> {
         match message {
-            Message::Wake { queue, payload } => {
+            Message::Wake(wake) => {
                 let state = lock(&self.state);
                 if state.dead_reason.is_none() {
-                    self.deliveries.send(Delivery::Wake { queue, payload });
+                    self.deliveries.send(Delivery::Wake(wake));
                 }
             }
             Message::Ack(queue) => {
@@ -890,28 +880,26 @@ enum Step {
 /// reader: partial frames carry over between reads.
 struct FrameReader {
     decoder: Decoder,
-    buffer: Vec<u8>,
 }
 
 impl FrameReader {
     fn new() -> Self {
         Self {
             decoder: Decoder::new(),
-            buffer: vec![0u8; READ_CHUNK_BYTES],
         }
     }
 
-    /// Handles what one read of `self.buffer` returned.
+    /// Handles what one read into `self.decoder` returned.
     fn absorb(&mut self, inner: &Inner, read: io::Result<usize>) -> Step {
         if inner.dead.load(Ordering::Acquire) {
             return Step::Closed;
         }
-        let count = match read {
+        match read {
             Ok(0) if self.decoder.has_partial_frame() => {
                 return Step::Died("master hub closed the transport mid-frame".into())
             }
             Ok(0) => return Step::Died("master hub closed the transport".into()),
-            Ok(count) => count,
+            Ok(_) => {}
             Err(e)
                 if matches!(
                     e.kind(),
@@ -924,12 +912,11 @@ impl FrameReader {
                 return Step::Died("master hub reset the transport".into())
             }
             Err(e) => return Step::Died(format!("master hub transport error: {e}")),
-        };
-        self.decoder.feed(&self.buffer[..count]);
+        }
         loop {
-            match self.decoder.next_frame() {
-                Ok(Some(object)) => {
-                    if let Err(reason) = inner.handle_frame(object) {
+            match self.decoder.next_message() {
+                Ok(Some(message)) => {
+                    if let Err(reason) = inner.handle_frame(message) {
                         return Step::Died(reason);
                     }
                 }
@@ -966,7 +953,7 @@ fn reader_main(inner: Arc<Inner>) {
 fn read_until_death(inner: &Inner) -> Option<String> {
     let mut frames = FrameReader::new();
     loop {
-        let read = inner.read_some(&mut frames.buffer)?;
+        let read = inner.read_some(&mut frames.decoder)?;
         match frames.absorb(inner, read) {
             Step::Continue => {}
             Step::Closed => return None,
@@ -1052,7 +1039,7 @@ impl WakeSource for DrivenReader {
             }
             let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             let inner = &**self.inner;
-            match inner.read_when_ready(&mut frames.buffer, &self.wakeup, left) {
+            match inner.read_when_ready(&mut frames.decoder, &self.wakeup, left) {
                 Ready::Read(read) => {
                     let step = panic::catch_unwind(AssertUnwindSafe(|| frames.absorb(inner, read)))
                         .unwrap_or_else(|panic| Step::Died(crash_reason(panic)));

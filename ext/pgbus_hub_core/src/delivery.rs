@@ -10,16 +10,14 @@
 //! its payload and must never be dropped here. Bounding happens upstream, per
 //! worker, in the master hub (durable wakes dropped, a stuck worker evicted).
 
+use crate::protocol::Wake;
 use crossbeam_channel::{Receiver, Sender};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
-    /// A NOTIFY for `queue`: `payload` None = durable, Some = ephemeral.
-    Wake {
-        queue: String,
-        payload: Option<String>,
-    },
+    /// A NOTIFY: the wake as the listener or the hub made it.
+    Wake(Wake),
     /// The source died (hub gone, evicted, protocol error, ...). Sent at most once.
     Failed { reason: String },
 }
@@ -142,10 +140,7 @@ mod tests {
     use super::*;
 
     fn wake(q: &str) -> Delivery {
-        Delivery::Wake {
-            queue: q.into(),
-            payload: None,
-        }
+        Delivery::Wake(Wake::durable(q))
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! - [`hub`]: the master hub: Unix socket server, routing table, per-worker outboxes.
 //! - [`client`]: the worker's hub client: subscribe with acks, wakes to a delivery channel.
 //! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
+//! - [`sync`]: the lock helpers (a poisoned lock is taken as it is).
 
 pub mod client;
 pub mod conninfo;
@@ -20,3 +21,4 @@ pub mod listener;
 pub mod log;
 pub mod process;
 pub mod protocol;
+pub mod sync;

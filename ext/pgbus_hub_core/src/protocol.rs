@@ -5,9 +5,11 @@
 //! [`Decoder`] keeps partial bytes until the rest arrives, and a stream that
 //! ends mid-frame is end-of-stream, not a truncated message.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 /// The length prefix: 4 bytes, big-endian (Ruby's `pack("N")`).
 pub const HEADER_BYTES: usize = 4;
@@ -28,6 +30,57 @@ pub const STATS_KIND: &str = "stats";
 
 /// A decoded frame: a JSON object, key order preserved.
 pub type Object = Map<String, Value>;
+
+/// An encoded frame (header + body), shared: the hub encodes a wake once and
+/// every worker's writer sends these same bytes (a refcount, never a copy).
+pub type Frame = bytes::Bytes;
+
+/// The one wake type, from the NOTIFY to the embedding runtime: the listener
+/// makes it, the hub encodes it once, the client decodes it, the pump hands
+/// it to Ruby. Cloning it never copies the queue name or the payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Wake {
+    pub queue: Arc<str>,
+    /// None = durable (an empty NOTIFY payload), Some = ephemeral payload.
+    pub payload: Option<Arc<str>>,
+}
+
+impl Wake {
+    pub fn new(queue: impl Into<Arc<str>>, payload: Option<impl Into<Arc<str>>>) -> Self {
+        Self {
+            queue: queue.into(),
+            payload: payload.map(Into::into),
+        }
+    }
+
+    /// A durable wake (no payload): durable streams re-read their queue.
+    pub fn durable(queue: impl Into<Arc<str>>) -> Self {
+        Self {
+            queue: queue.into(),
+            payload: None,
+        }
+    }
+
+    /// Durable wakes may be dropped under backpressure (the stream re-reads);
+    /// an ephemeral one is the only copy of its payload and never is.
+    pub fn is_droppable(&self) -> bool {
+        self.payload.is_none()
+    }
+
+    /// The whole frame, encoded once and shareable.
+    pub fn encode(&self) -> Result<Frame, ProtocolError> {
+        frame_with(|body| {
+            serde_json::to_writer(
+                body,
+                &Wire::Wake {
+                    q: &self.queue,
+                    p: self.payload.as_deref(),
+                },
+            )
+        })
+        .map(Frame::from)
+    }
+}
 
 /// Every way a frame can be bad. `Display` uses the reference's wording.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,11 +127,8 @@ pub enum Message {
     Unsub(String),
     /// hub → worker: the LISTEN for `q` is active.
     Ack(String),
-    /// hub → worker: a NOTIFY for queue `q`; `None` = durable, `Some` = ephemeral payload.
-    Wake {
-        queue: String,
-        payload: Option<String>,
-    },
+    /// hub → worker: a NOTIFY for queue `q`; `p` null = durable, a string = ephemeral payload.
+    Wake(Wake),
     /// hub → worker: the hub's PostgreSQL listener health.
     Status { healthy: bool },
     /// hub → worker, our extension: the hub refuses to LISTEN for `queue`
@@ -108,7 +158,7 @@ impl Message {
             Self::Sub(_) => "sub",
             Self::Unsub(_) => "unsub",
             Self::Ack(_) => "ack",
-            Self::Wake { .. } => "wake",
+            Self::Wake(_) => "wake",
             Self::Status { .. } => "status",
             Self::Nack { .. } => "nack",
             Self::Unknown(_) => "unknown",
@@ -121,9 +171,9 @@ impl Message {
             Self::Sub(q) => Wire::Sub { q },
             Self::Unsub(q) => Wire::Unsub { q },
             Self::Ack(q) => Wire::Ack { q },
-            Self::Wake { queue, payload } => Wire::Wake {
-                q: queue,
-                p: payload.as_deref(),
+            Self::Wake(wake) => Wire::Wake {
+                q: &wake.queue,
+                p: wake.payload.as_deref(),
             },
             Self::Status { healthy } => Wire::Status { healthy: *healthy },
             Self::Nack { queue, reason } => Wire::Nack { q: queue, reason },
@@ -132,66 +182,81 @@ impl Message {
         frame_with(|body| serde_json::to_writer(body, &wire))
     }
 
-    /// Interprets a decoded object. Known kinds with missing or mistyped
-    /// fields are errors; an unknown or absent "t" is `Unknown`.
-    pub fn from_object(object: Object) -> Result<Self, ProtocolError> {
+    /// Decodes one complete body. A wake (the hot path: every NOTIFY, to
+    /// every worker) is read straight from `body` into its shared strings;
+    /// anything else, or a wake with any other field, goes through the
+    /// general JSON object, so both paths accept and refuse the same bodies.
+    pub fn decode(body: &[u8]) -> Result<Self, ProtocolError> {
+        if let Ok(wire) = serde_json::from_slice::<WakeIn<'_>>(body) {
+            if wire.t == "wake" {
+                return Ok(Self::Wake(Wake {
+                    queue: Arc::from(wire.q.as_ref()),
+                    payload: wire.p.as_deref().map(Arc::from),
+                }));
+            }
+        }
+        Self::from_object(decode_body(body)?)
+    }
+
+    /// Interprets a decoded object, moving its strings out (no copies).
+    /// Known kinds with missing or mistyped fields are errors; an unknown or
+    /// absent "t" is `Unknown`.
+    pub fn from_object(mut object: Object) -> Result<Self, ProtocolError> {
         let kind = match object.get("t") {
-            Some(Value::String(kind)) => kind.as_str(),
+            Some(Value::String(kind)) => kind.clone(),
             _ => return Ok(Self::Unknown(object)),
         };
-        let queue = || -> Result<String, ProtocolError> {
-            match object.get("q") {
-                Some(Value::String(q)) => Ok(q.clone()),
-                _ => Err(ProtocolError::BadField {
-                    kind: kind.to_owned(),
-                    field: "q",
-                }),
-            }
+        let bad = |field| ProtocolError::BadField {
+            kind: kind.clone(),
+            field,
         };
-        Ok(match kind {
-            "sub" => Self::Sub(queue()?),
-            "unsub" => Self::Unsub(queue()?),
-            "ack" => Self::Ack(queue()?),
+        let mut take_string = |field: &'static str| match object.remove(field) {
+            Some(Value::String(value)) => Ok(value),
+            _ => Err(bad(field)),
+        };
+        Ok(match kind.as_str() {
+            "sub" => Self::Sub(take_string("q")?),
+            "unsub" => Self::Unsub(take_string("q")?),
+            "ack" => Self::Ack(take_string("q")?),
             "wake" => {
-                let payload = match object.get("p") {
+                let payload = match object.remove("p") {
                     None | Some(Value::Null) => None,
-                    Some(Value::String(p)) => Some(p.clone()),
-                    Some(_) => {
-                        return Err(ProtocolError::BadField {
-                            kind: "wake".into(),
-                            field: "p",
-                        })
-                    }
+                    Some(Value::String(p)) => Some(Arc::from(p)),
+                    Some(_) => return Err(bad("p")),
                 };
-                Self::Wake {
-                    queue: queue()?,
-                    payload,
+                let queue = match object.remove("q") {
+                    Some(Value::String(q)) => Arc::from(q),
+                    _ => return Err(bad("q")),
+                };
+                Self::Wake(Wake { queue, payload })
+            }
+            "nack" => {
+                let reason = take_string("reason")?;
+                Self::Nack {
+                    queue: take_string("q")?,
+                    reason,
                 }
             }
-            "nack" => match object.get("reason") {
-                Some(Value::String(reason)) => Self::Nack {
-                    queue: queue()?,
-                    reason: reason.clone(),
-                },
-                _ => {
-                    return Err(ProtocolError::BadField {
-                        kind: "nack".into(),
-                        field: "reason",
-                    })
-                }
-            },
             "status" => match object.get("healthy") {
                 Some(Value::Bool(healthy)) => Self::Status { healthy: *healthy },
-                _ => {
-                    return Err(ProtocolError::BadField {
-                        kind: "status".into(),
-                        field: "healthy",
-                    })
-                }
+                _ => return Err(bad("healthy")),
             },
             _ => Self::Unknown(object),
         })
     }
+}
+
+/// A wake frame exactly as peers write it (`{"t":"wake","q":..,"p":..}`),
+/// borrowed from the read buffer where no escape forces a copy.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WakeIn<'a> {
+    #[serde(borrow)]
+    t: Cow<'a, str>,
+    #[serde(borrow)]
+    q: Cow<'a, str>,
+    #[serde(borrow, default)]
+    p: Option<Cow<'a, str>>,
 }
 
 /// Encodes any JSON object as a frame (what Ruby's `HubProtocol.encode` does).
@@ -276,14 +341,20 @@ fn ruby_class_name(value: &Value) -> &'static str {
     }
 }
 
-/// Incremental decoder: feed it whatever a read returned, take complete frames out.
+/// Free space the decoder offers each read: a few typical frames per
+/// syscall while staying small per connection (one per worker in the hub).
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Incremental decoder: reads land directly in its buffer ([`Decoder::read_with`])
+/// or are copied in ([`Decoder::feed`]); complete frames come out.
 ///
 /// After an error the stream is unusable (framing is lost); callers close the peer.
 #[derive(Debug, Default)]
 pub struct Decoder {
+    /// Zero-filled once when it grows; `start..end` holds unconsumed bytes.
     buffer: Vec<u8>,
-    /// Bytes before `start` were consumed; compacted lazily to keep feeding O(n).
     start: usize,
+    end: usize,
 }
 
 impl Decoder {
@@ -291,33 +362,76 @@ impl Decoder {
         Self::default()
     }
 
-    /// Appends received bytes. Nothing is decoded until `next_frame`.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        if self.start > 0 && self.start >= self.buffer.len() / 2 {
-            self.buffer.drain(..self.start);
-            self.start = 0;
-        }
-        self.buffer.extend_from_slice(bytes);
+    /// Lets `read` fill the free tail of the buffer (at least
+    /// [`READ_CHUNK_BYTES`] / 2, usually more) and keeps what it reports
+    /// reading: no intermediate buffer, no copy.
+    pub fn read_with<E>(
+        &mut self,
+        read: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        self.make_room(READ_CHUNK_BYTES / 2);
+        let count = read(&mut self.buffer[self.end..])?;
+        self.end += count.min(self.buffer.len() - self.end);
+        Ok(count)
     }
 
-    /// The next complete frame, `Ok(None)` if more bytes are needed.
-    pub fn next_frame(&mut self) -> Result<Option<Object>, ProtocolError> {
-        let pending = &self.buffer[self.start..];
+    /// Appends received bytes (a copy: for callers that already hold them).
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.make_room(bytes.len());
+        self.buffer[self.end..self.end + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
+    }
+
+    /// Ensures `wanted` free bytes after `end`: moves the unconsumed bytes to
+    /// the front when that frees enough, grows (by a whole chunk) otherwise.
+    fn make_room(&mut self, wanted: usize) {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+        if self.buffer.len() - self.end >= wanted {
+            return;
+        }
+        if self.start > 0 {
+            self.buffer.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let needed = self.end + wanted;
+        if self.buffer.len() < needed {
+            self.buffer
+                .resize(needed.next_multiple_of(READ_CHUNK_BYTES), 0);
+        }
+    }
+
+    /// The next complete frame's body, `Ok(None)` if more bytes are needed.
+    fn next_body(&mut self) -> Result<Option<&[u8]>, ProtocolError> {
+        let pending = &self.buffer[self.start..self.end];
         let Some(header) = pending.get(..HEADER_BYTES) else {
             return Ok(None);
         };
         let length = body_length(header.try_into().expect("slice of HEADER_BYTES"))?;
-        let Some(body) = pending.get(HEADER_BYTES..HEADER_BYTES + length) else {
+        if pending.len() < HEADER_BYTES + length {
             return Ok(None);
-        };
-        let object = decode_body(body)?;
-        self.start += HEADER_BYTES + length;
-        Ok(Some(object))
+        }
+        let body_start = self.start + HEADER_BYTES;
+        self.start = body_start + length;
+        Ok(Some(&self.buffer[body_start..self.start]))
+    }
+
+    /// The next complete frame as a JSON object (what Ruby's peers see),
+    /// `Ok(None)` if more bytes are needed.
+    pub fn next_frame(&mut self) -> Result<Option<Object>, ProtocolError> {
+        self.next_body()?.map(decode_body).transpose()
+    }
+
+    /// The next complete frame as a message, decoded straight from the
+    /// buffer ([`Message::decode`]), `Ok(None)` if more bytes are needed.
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtocolError> {
+        self.next_body()?.map(Message::decode).transpose()
     }
 
     /// True when bytes of an unfinished frame are buffered (EOF now = peer died mid-frame).
     pub fn has_partial_frame(&self) -> bool {
-        self.start < self.buffer.len()
+        self.start < self.end
     }
 }
 
@@ -337,10 +451,7 @@ mod tests {
 
     #[test]
     fn message_round_trips_through_its_frame() {
-        let message = Message::Wake {
-            queue: "q".into(),
-            payload: None,
-        };
+        let message = Message::Wake(Wake::durable("q"));
         let mut decoder = Decoder::new();
         decoder.feed(&message.encode().unwrap());
         let object = decoder.next_frame().unwrap().unwrap();

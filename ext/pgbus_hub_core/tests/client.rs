@@ -5,7 +5,7 @@ mod support_hub;
 use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient, Listening};
 use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver, WakeSource};
 use pgbus_hub_core::log::{Level, LogSink, Record};
-use pgbus_hub_core::protocol::Message;
+use pgbus_hub_core::protocol::{Message, Wake};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -61,10 +61,7 @@ fn never_ack() -> Behaviour {
 }
 
 fn wake(queue: &str, payload: Option<&str>) -> Message {
-    Message::Wake {
-        queue: queue.into(),
-        payload: payload.map(str::to_owned),
-    }
+    Message::Wake(Wake::new(queue, payload))
 }
 
 fn unavailable_message(result: Result<Listening, ClientError>) -> String {
@@ -191,12 +188,12 @@ fn wakes_arrive_in_order_durable_ephemeral_unicode_and_7999_bytes() {
     }
     s.hub.send_raw(&bytes);
     for message in expected {
-        let Message::Wake { queue, payload } = message else {
+        let Message::Wake(wake) = message else {
             unreachable!()
         };
         assert_eq!(
             s.deliveries.recv_timeout(Duration::from_secs(5)),
-            Some(Delivery::Wake { queue, payload })
+            Some(Delivery::Wake(wake))
         );
     }
     assert!(!s.client.is_dead());
@@ -213,10 +210,7 @@ fn a_frame_split_across_writes_is_reassembled() {
     }
     assert_eq!(
         s.deliveries.recv_timeout(Duration::from_secs(5)),
-        Some(Delivery::Wake {
-            queue: "q".into(),
-            payload: Some("split".into())
-        })
+        Some(Delivery::Wake(Wake::new("q", Some("split"))))
     );
 }
 
@@ -365,10 +359,7 @@ fn unknown_frames_are_logged_and_ignored() {
     s.hub.send(&wake("q", None));
     assert_eq!(
         s.deliveries.recv_timeout(Duration::from_secs(5)),
-        Some(Delivery::Wake {
-            queue: "q".into(),
-            payload: None
-        })
+        Some(Delivery::Wake(Wake::durable("q")))
     );
     let record = s.logs.try_iter().find(|r| r.level == Level::Warn).unwrap();
     assert_eq!(
@@ -626,10 +617,7 @@ fn a_forked_child_is_inert_and_the_parent_keeps_working() {
     s.hub.send(&wake("after_fork", None));
     assert_eq!(
         s.deliveries.recv_timeout(Duration::from_secs(5)),
-        Some(Delivery::Wake {
-            queue: "after_fork".into(),
-            payload: None
-        })
+        Some(Delivery::Wake(Wake::durable("after_fork")))
     );
     assert_eq!(
         s.hub.received(),
@@ -768,16 +756,13 @@ fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
         .ensure_listening("q")
         .expect("acked by the pump's read");
     let expected: Vec<Delivery> = (0..200)
-        .map(|i| Delivery::Wake {
-            queue: "q".into(),
-            payload: (i % 2 == 1).then(|| format!("p{i}")),
-        })
+        .map(|i| Delivery::Wake(Wake::new("q", (i % 2 == 1).then(|| format!("p{i}")))))
         .collect();
     for item in &expected {
-        let Delivery::Wake { queue, payload } = item else {
+        let Delivery::Wake(item) = item else {
             unreachable!()
         };
-        d.hub.send(&wake(queue, payload.as_deref()));
+        d.hub.send(&Message::Wake(item.clone()));
     }
     let got: Vec<Delivery> = (0..200)
         .map(|_| {
@@ -835,10 +820,7 @@ fn driven_hub_eof_is_one_failed_then_closed_and_stop_ends_a_blocked_pump() {
     d.hub.close_all();
     assert_eq!(
         deliveries.recv_timeout(Duration::from_secs(5)).ok(),
-        Some(Delivery::Wake {
-            queue: "q".into(),
-            payload: Some("before".into())
-        })
+        Some(Delivery::Wake(Wake::new("q", Some("before"))))
     );
     match deliveries.recv_timeout(Duration::from_secs(5)).ok() {
         Some(Delivery::Failed { reason }) => {

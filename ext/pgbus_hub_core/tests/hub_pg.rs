@@ -7,7 +7,7 @@ use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
-use pgbus_hub_core::protocol::{Decoder, Message};
+use pgbus_hub_core::protocol::{Decoder, Message, Wake};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -150,7 +150,7 @@ impl Peer {
         loop {
             match self.next_non_status() {
                 Some(Message::Ack(q)) if q == queue => return,
-                Some(Message::Wake { .. }) => continue,
+                Some(Message::Wake(_)) => continue,
                 other => panic!("expected ack for {queue}, got {other:?}"),
             }
         }
@@ -158,11 +158,8 @@ impl Peer {
 
     fn expect_wake(&mut self, queue: &str, payload: Option<&str>) {
         match self.next_non_status() {
-            Some(Message::Wake {
-                queue: q,
-                payload: p,
-            }) => {
-                assert_eq!((q.as_str(), p.as_deref()), (queue, payload));
+            Some(Message::Wake(wake)) => {
+                assert_eq!(wake, Wake::new(queue, payload));
             }
             other => panic!("expected a wake for {queue}, got {other:?}"),
         }
@@ -389,10 +386,8 @@ fn a_worker_that_never_reads_is_evicted_even_if_a_forked_child_holds_its_socket(
     fx.notify("flood", "after");
     loop {
         match healthy.next_non_status() {
-            Some(Message::Wake {
-                payload: Some(p), ..
-            }) if p == "after" => break,
-            Some(Message::Wake { .. }) => continue,
+            Some(Message::Wake(wake)) if wake.payload.as_deref() == Some("after") => break,
+            Some(Message::Wake(_)) => continue,
             other => panic!("healthy worker: {other:?}"),
         }
     }
@@ -420,10 +415,8 @@ fn durable_wakes_are_dropped_past_the_limit_ephemeral_never() {
     let mut durable = 0;
     while ephemeral + durable < 220 {
         match slow.next_non_status() {
-            Some(Message::Wake {
-                payload: Some(_), ..
-            }) => ephemeral += 1,
-            Some(Message::Wake { payload: None, .. }) => durable += 1,
+            Some(Message::Wake(wake)) if wake.payload.is_some() => ephemeral += 1,
+            Some(Message::Wake(_)) => durable += 1,
             _ => break,
         }
         if ephemeral == 200 && durable + hub.stats().dropped_durable_wakes as usize == 20 {

@@ -18,6 +18,7 @@ use pgbus_hub_core::listener::{
     self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats, StandaloneListener,
 };
 use pgbus_hub_core::log::{Level, LogSink, Record};
+use pgbus_hub_core::protocol::Wake;
 use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -140,8 +141,8 @@ impl Engine {
     /// The next wake, skipping health events.
     async fn next_wake(&mut self) -> (String, Option<String>) {
         loop {
-            if let Event::Wake { queue, payload } = self.next_event().await {
-                return (queue, payload);
+            if let Event::Wake(wake) = self.next_event().await {
+                return (wake.queue.to_string(), wake.payload.map(|p| p.to_string()));
             }
         }
     }
@@ -511,7 +512,10 @@ async fn sslmode_require_over_tcp_is_encrypted() {
     if options().await.is_none() {
         return;
     }
-    let url = format!("host=127.0.0.1 port=5432 dbname={} sslmode=require", test_dbname());
+    let url = format!(
+        "host=127.0.0.1 port=5432 dbname={} sslmode=require",
+        test_dbname()
+    );
     let options = ConnectionOptions::parse(&url).unwrap();
     let admin = match options.connect().await {
         Ok(admin) => admin,
@@ -721,17 +725,11 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     runtime.block_on(notify(&admin, &queue, ""));
     assert_eq!(
         receiver.recv_timeout(WAIT),
-        Some(Delivery::Wake {
-            queue: queue.clone(),
-            payload: Some("payload".into())
-        })
+        Some(Delivery::Wake(Wake::new(queue.as_str(), Some("payload"))))
     );
     assert_eq!(
         receiver.recv_timeout(WAIT),
-        Some(Delivery::Wake {
-            queue: queue.clone(),
-            payload: None
-        })
+        Some(Delivery::Wake(Wake::durable(queue.as_str())))
     );
     assert!(standalone.stats().healthy());
     assert_eq!(standalone.stats().notifications(), 2);
@@ -745,10 +743,7 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     runtime.block_on(notify(&admin, &other, "here"));
     assert_eq!(
         receiver.recv_timeout(WAIT),
-        Some(Delivery::Wake {
-            queue: other,
-            payload: Some("here".into())
-        })
+        Some(Delivery::Wake(Wake::new(other, Some("here"))))
     );
 
     let started = Instant::now();

@@ -1,7 +1,9 @@
 //! Every case of pgbus 0.13.1's protocol vectors (tests/fixtures/vectors.json,
 //! a verbatim copy of the shared file) must hold for our encoder and decoder.
 
-use pgbus_hub_core::protocol::{self, Decoder, Message, Object, ProtocolError, MAX_FRAME_BYTES};
+use pgbus_hub_core::protocol::{
+    self, Decoder, Message, Object, ProtocolError, Wake, MAX_FRAME_BYTES,
+};
 use serde_json::Value;
 
 fn vectors() -> Value {
@@ -67,10 +69,7 @@ fn every_vector_case_holds() {
             }
             "encode" => {
                 let payload = "x".repeat(4 * 1024 * 1024);
-                let message = Message::Wake {
-                    queue: "big".into(),
-                    payload: Some(payload),
-                };
+                let message = Message::Wake(Wake::new("big", Some(payload)));
                 assert!(
                     matches!(message.encode(), Err(ProtocolError::FrameTooLarge(_))),
                     "{name}"

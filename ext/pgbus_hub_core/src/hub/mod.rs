@@ -16,7 +16,8 @@ mod worker;
 use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
 use crate::log::LogSink;
 use crate::process::Owner;
-use crate::protocol::Message;
+use crate::protocol::{Message, Wake};
+use crate::sync::lock;
 use registry::Registry;
 use server::SocketFile;
 use std::collections::{HashMap, HashSet};
@@ -167,9 +168,7 @@ pub(crate) struct Core {
 
 impl Core {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.state)
     }
 
     /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN and
@@ -332,22 +331,22 @@ impl Core {
     }
 
     /// Fan-out: encode once, share the bytes with every routed worker.
-    fn deliver(&self, queue: String, payload: Option<String>) {
+    fn deliver(&self, wake: Wake) {
         self.counters.wakes_received.fetch_add(1, Ordering::Relaxed);
         let workers: Vec<Arc<Worker>> = {
             let state = self.state();
             state
                 .registry
-                .workers_for(&queue)
+                .workers_for(&wake.queue)
                 .filter_map(|id| state.workers.get(&id).cloned())
                 .collect()
         };
         if workers.is_empty() {
             return;
         }
-        let droppable = payload.is_none();
-        let frame: Frame = match (Message::Wake { queue, payload }).encode() {
-            Ok(frame) => frame.into(),
+        let droppable = wake.is_droppable();
+        let frame = match wake.encode() {
+            Ok(frame) => frame,
             Err(e) => return self.log.error(format!("cannot encode a wake frame: {e}")),
         };
         for worker in workers {
@@ -434,7 +433,7 @@ impl Core {
 
     fn on_listener_event(&self, event: Event) {
         match event {
-            Event::Wake { queue, payload } => self.deliver(queue, payload),
+            Event::Wake(wake) => self.deliver(wake),
             Event::Healthy(healthy) => {
                 if self.healthy.swap(healthy, Ordering::Relaxed) != healthy {
                     self.broadcast_status();

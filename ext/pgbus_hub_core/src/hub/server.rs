@@ -1,6 +1,7 @@
 //! The hub's Unix socket: created private (mode 0600 from the first instant),
 //! never replacing anything but a stale socket, and peers checked by uid.
 
+use crate::sync::lock;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -68,9 +69,7 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     }
 
     let listener = {
-        let _guard = UMASK_LOCK
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _guard = lock(&UMASK_LOCK);
         // SAFETY: umask only swaps the process file-mode mask; restored right after bind.
         let previous = unsafe { libc::umask(0o177) };
         let bound = UnixListener::bind(path);

@@ -4,6 +4,7 @@
 use super::server::sever;
 use super::Core;
 use crate::protocol::{Decoder, Message};
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,8 +17,7 @@ use tokio::sync::Notify;
 
 pub use super::registry::WorkerId;
 
-/// An encoded frame, shared by every worker it goes to (encoded once per NOTIFY).
-pub type Frame = Arc<[u8]>;
+pub use crate::protocol::Frame;
 
 /// Read and write buffer size: a few typical frames per syscall, small per worker.
 const IO_CHUNK_BYTES: usize = 64 * 1024;
@@ -97,9 +97,7 @@ impl Worker {
     }
 
     fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
-        self.outbox
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.outbox)
     }
 
     /// Non-blocking. Durable wakes (`droppable`) stop at `durable_limit`;

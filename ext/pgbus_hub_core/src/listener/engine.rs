@@ -12,6 +12,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
+use crate::protocol::Wake;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
 /// well under a millisecond even under load, so 2 s never flaps on a slow
@@ -60,7 +61,8 @@ pub(super) struct Engine<F> {
     commands: mpsc::UnboundedReceiver<Command>,
     stop: watch::Receiver<bool>,
     /// The listen set: channel -> queue. What is LISTENed, or will be after reconnect.
-    channels: BTreeMap<String, String>,
+    /// channel -> queue; the queue is shared by every wake it names (no copy per NOTIFY).
+    channels: BTreeMap<String, Arc<str>>,
     /// Channels LISTENed on the current connection.
     live: HashSet<String>,
     /// Listens waiting for a connection, in arrival order.
@@ -275,7 +277,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     fn admit(&mut self, queue: &str, reply: Reply) -> Option<(String, Reply)> {
         match self.config.channel_for(queue) {
             Ok(channel) => {
-                self.channels.insert(channel.clone(), queue.to_string());
+                self.channels.insert(channel.clone(), Arc::from(queue));
                 self.stats
                     .channels
                     .store(self.channels.len(), Ordering::Relaxed);
@@ -374,9 +376,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         match self.channels.get(channel) {
             Some(queue) => {
                 self.stats.notifications.fetch_add(1, Ordering::Relaxed);
-                let payload = (!payload.is_empty()).then(|| payload.to_string());
+                let payload = (!payload.is_empty()).then(|| Arc::from(payload));
                 let queue = queue.clone();
-                (self.on_event)(Event::Wake { queue, payload });
+                (self.on_event)(Event::Wake(Wake { queue, payload }));
             }
             None => {
                 self.stats

@@ -13,13 +13,15 @@ mod standalone;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::conninfo::ConnectionOptions;
 use crate::log::LogSink;
+use crate::protocol::Wake;
+use crate::sync::lock;
 
 pub use standalone::StandaloneListener;
 
@@ -87,11 +89,8 @@ impl ListenerConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A NOTIFY on a LISTENed channel. `payload` None = durable (empty payload), Some = ephemeral.
-    Wake {
-        queue: String,
-        payload: Option<String>,
-    },
+    /// A NOTIFY on a LISTENed channel (an empty payload is a durable wake).
+    Wake(Wake),
     /// The connection went down (false) or is up with every channel re-LISTENed (true).
     Healthy(bool),
 }
@@ -273,13 +272,6 @@ pub struct ListenerStats {
     last_error: Mutex<Option<LastError>>,
     /// When the engine last became healthy; None while it is not.
     healthy_since: Mutex<Option<SystemTime>>,
-}
-
-/// Stats are plain values: a panic elsewhere cannot leave them half-written.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl ListenerStats {

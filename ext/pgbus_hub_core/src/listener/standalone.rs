@@ -44,8 +44,8 @@ impl StandaloneListener {
         let (handle, stats, join) = {
             let _entered = runtime.enter();
             spawn(config, move |event| match event {
-                Event::Wake { queue, payload } => {
-                    deliveries.send(Delivery::Wake { queue, payload });
+                Event::Wake(wake) => {
+                    deliveries.send(Delivery::Wake(wake));
                 }
                 Event::Healthy(healthy) => events_log.info(format!(
                     "pgbus-hub fallback listener is {}",
