@@ -71,14 +71,6 @@ pub fn hub_ack_timeout(health_check: Duration) -> Duration {
 /// How long `stop` waits for the reader thread before leaving it detached.
 pub const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Size of `sockaddr_un.sun_path` (108 on Linux); a path needs one byte less
-/// (the terminating NUL).
-pub const SUN_PATH_BYTES: usize = {
-    // SAFETY: sockaddr_un is plain old data; an all-zero value is valid.
-    let addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_path.len()
-};
-
 /// The reader decodes JSON nested up to 100 deep; 512 KiB is ample.
 const READER_STACK_BYTES: usize = 512 * 1024;
 
@@ -495,15 +487,7 @@ impl Inner {
             log,
         } = config;
         let unreachable = |why: String| unreachable_at(&socket_path, why);
-        let length = socket_path.as_os_str().len();
-        if length == 0 {
-            return Err(unreachable("the socket path is empty".into()));
-        }
-        if length >= SUN_PATH_BYTES {
-            return Err(unreachable(format!(
-                "the socket path is {length} bytes; a Unix socket path must be shorter than {SUN_PATH_BYTES} bytes (sun_path)"
-            )));
-        }
+        crate::transport::check_socket_path(&socket_path).map_err(unreachable)?;
         let stream = UnixStream::connect(&socket_path).map_err(|e| unreachable(e.to_string()))?;
         let raw_fd = stream.as_raw_fd();
         Ok(Arc::new(Inner {

@@ -11,6 +11,7 @@
 //! - [`hub`]: the master hub: Unix socket server, routing table, per-worker outboxes.
 //! - [`client`]: the worker's hub client: subscribe with acks, wakes to a delivery channel.
 //! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
+//! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves).
 //! - [`sync`]: the lock helpers (a poisoned lock is taken as it is).
 
 pub mod client;
@@ -22,3 +23,4 @@ pub mod log;
 pub mod process;
 pub mod protocol;
 pub mod sync;
+pub mod transport;

@@ -375,6 +375,17 @@ impl Decoder {
         Ok(count)
     }
 
+    /// One async read (tokio) straight into the buffer, as [`Decoder::read_with`].
+    pub async fn read_with_async(
+        &mut self,
+        source: &mut (impl tokio::io::AsyncRead + Unpin),
+    ) -> std::io::Result<usize> {
+        self.make_room(READ_CHUNK_BYTES / 2);
+        let count = tokio::io::AsyncReadExt::read(source, &mut self.buffer[self.end..]).await?;
+        self.end += count;
+        Ok(count)
+    }
+
     /// Appends received bytes (a copy: for callers that already hold them).
     pub fn feed(&mut self, bytes: &[u8]) {
         self.make_room(bytes.len());

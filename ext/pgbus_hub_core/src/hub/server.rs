@@ -8,9 +8,6 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Mutex;
 
-/// `sizeof(sockaddr_un.sun_path)` on Linux; the path needs a terminating NUL.
-pub const SUN_PATH_BYTES: usize = 108;
-
 /// Backlog for `listen(2)`: a phased restart reconnects every worker at once;
 /// 1024 covers far more workers than one host runs (the kernel caps it at somaxconn).
 pub const ACCEPT_BACKLOG: i32 = 1024;
@@ -39,14 +36,7 @@ impl SocketFile {
 /// Binds `path` with mode 0600. Refuses a path that is not a socket or a
 /// socket another process still accepts on; replaces a stale socket.
 pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
-    let bytes = path.as_os_str().len();
-    if bytes >= SUN_PATH_BYTES {
-        return Err(format!(
-            "socket path {} is {bytes} bytes; Unix sockets allow at most {} on this platform",
-            path.display(),
-            SUN_PATH_BYTES - 1
-        ));
-    }
+    crate::transport::check_socket_path(path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
             return Err(format!(
