@@ -190,6 +190,29 @@ RSpec.describe Pgbus::Hub::MasterHub do
     expect(hub.stats[:reconnects]).to be >= 1
   end
 
+  it "ends a stop waiting on a frozen database session at once when its thread is killed" do
+    hub = start_hub
+    wait_for("healthy") { hub.stats[:listener_healthy] }
+    backend = hub.stats[:backend_pid]
+    comm = File.read("/proc/#{backend}/comm").strip rescue nil # rubocop:disable Style/RescueModifier
+    skip "this hub's backend is not a local process we may signal" unless comm == "postgres" && Process.euid.zero?
+    # SIGSTOP only this hub's own backend: stop's UNLISTEN and close then wait out their grace.
+    Process.kill(:STOP, backend)
+    begin
+      stopper = Thread.new { hub.stop }
+      sleep 0.1 # in the native wait by now (it lasts about 0.4 s)
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      stopper.kill
+      expect(stopper.join(5)).not_to be_nil
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 0.05
+      expect(hub).not_to be_running
+      expect(File.exist?(hub.socket_path)).to be(false) # no worker connects to a stopping hub
+      hub.stop # idempotent: finishes the Ruby side (log thread)
+    ensure
+      Process.kill(:CONT, backend)
+    end
+  end
+
   it "refuses a peer of another uid and counts it" do
     skip "needs root and setpriv" unless Process.euid.zero? && system("setpriv --version", out: File::NULL)
     hub = start_hub

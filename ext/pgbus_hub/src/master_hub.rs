@@ -3,7 +3,7 @@
 
 use crate::errors::{hub_error, panicked};
 use crate::logs::LogPump;
-use crate::nogvl::nogvl;
+use crate::nogvl::nogvl_cancellable;
 use crate::options::{listener_config, required, seconds};
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
@@ -51,8 +51,10 @@ impl RbMasterHub {
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let taken = rb_self.hub().take();
         if let Some(mut hub) = taken {
-            // Joining the hub thread can take up to its stop grace: never with the GVL held.
-            nogvl(move || hub.stop(), || {}).ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
+            // Joining the hub thread can take up to its stop grace: never with
+            // the GVL held, and Thread#kill/raise end the wait at once.
+            nogvl_cancellable(move |cancel| hub.stop_or_cancel(cancel))
+                .ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
         }
         if let Some(pump) = rb_self.pump() {
             pump.close();

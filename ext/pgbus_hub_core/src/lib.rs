@@ -12,6 +12,7 @@
 //! - [`client`]: the worker's hub client: subscribe with acks, wakes to a delivery channel.
 //! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
 //! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves).
+//! - [`shutdown`]: the one stop signal of a group of tasks.
 //! - [`sync`]: the lock helpers (a poisoned lock is taken as it is).
 
 pub mod client;
@@ -22,5 +23,6 @@ pub mod listener;
 pub mod log;
 pub mod process;
 pub mod protocol;
+pub mod shutdown;
 pub mod sync;
 pub mod transport;

@@ -1,26 +1,27 @@
-//! One connected worker: a bounded outbox drained by a writer task, and a
-//! reader task that decodes its frames. Neither ever blocks another worker.
+//! One connected worker: a writer task that drains its outbox, and a reader
+//! task that decodes its frames and turns them into commands for the router.
+//! Neither ever blocks another worker.
 
+use super::outbox::Outbox;
+use super::router::{Command, Commands};
 use super::server::sever;
-use super::Core;
-use crate::protocol::{Decoder, Message};
+use super::Shared;
+use crate::log::LogSink;
+use crate::protocol::{Message, STATS_KIND};
 use crate::sync::lock;
-use std::collections::VecDeque;
+use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::Notify;
 
 pub use super::registry::WorkerId;
 
-pub use crate::protocol::Frame;
-
-/// Read and write buffer size: a few typical frames per syscall, small per worker.
-const IO_CHUNK_BYTES: usize = 64 * 1024;
+/// Frames one write takes from the outbox: a socket buffer's worth of typical
+/// wakes per writev(2), so a backlog drains in few syscalls.
+const FRAMES_PER_BATCH: usize = 256;
 
 /// A peer that starts a frame must finish it within this time; half a frame
 /// then silence is an attack or a dead peer, not a slow worker.
@@ -29,26 +30,6 @@ const FRAME_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Unacked subs one worker may have in flight. pgbus waits for each ack per
 /// request thread (a few dozen at most); far more is a flood and is cut off.
 pub const MAX_PENDING_SUBS: usize = 1024;
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum Enqueued {
-    Queued,
-    /// A durable wake over `durable_queue_limit`: dropped (it self-heals on the next read).
-    Dropped,
-    /// Over `hard_queue_limit`: the worker was severed (its client fails over).
-    Evicted,
-    /// The worker is already gone.
-    Closed,
-}
-
-#[derive(Default)]
-struct Outbox {
-    frames: VecDeque<(Frame, bool)>,
-    durable: usize,
-    closed: bool,
-    /// Set (under this lock) before the reader drops its half: from then on the fd may be reused.
-    fd_released: bool,
-}
 
 pub struct Worker {
     pub id: WorkerId,
@@ -72,10 +53,11 @@ impl Worker {
 
     /// Splits `stream` and spawns its reader and writer on the current runtime.
     pub fn spawn(
-        core: Arc<Core>,
         id: WorkerId,
         peer_pid: Option<i32>,
         stream: UnixStream,
+        shared: Arc<Shared>,
+        commands: Commands,
     ) -> Arc<Self> {
         let worker = Arc::new(Self {
             id,
@@ -86,9 +68,27 @@ impl Worker {
             pending_subs: AtomicUsize::new(0),
         });
         let (read, write) = stream.into_split();
-        tokio::spawn(write_loop(worker.clone(), write, core.clone()));
-        tokio::spawn(read_loop(worker.clone(), read, core));
+        tokio::spawn(write_loop(
+            worker.clone(),
+            FrameWriter::new(write),
+            shared.clone(),
+        ));
+        tokio::spawn(read_loop(
+            worker.clone(),
+            FrameReader::new(read, FRAME_COMPLETION_TIMEOUT),
+            shared.log.clone(),
+            commands,
+        ));
         worker
+    }
+
+    pub(super) fn outbox(&self) -> MutexGuard<'_, Outbox> {
+        lock(&self.outbox)
+    }
+
+    /// Wakes the writer: frames were queued.
+    pub(super) fn frames_ready(&self) {
+        self.ready.notify_one();
     }
 
     /// One of this worker's subs got its answer (or needs none any more).
@@ -96,129 +96,74 @@ impl Worker {
         self.pending_subs.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
-        lock(&self.outbox)
-    }
-
-    /// Non-blocking. Durable wakes (`droppable`) stop at `durable_limit`;
-    /// everything past `hard_limit` queued frames evicts the worker.
-    pub fn enqueue(
-        &self,
-        frame: Frame,
-        droppable: bool,
-        durable_limit: usize,
-        hard_limit: usize,
-    ) -> Enqueued {
-        let mut outbox = self.outbox();
-        if outbox.closed {
-            return Enqueued::Closed;
-        }
-        if droppable && outbox.durable >= durable_limit {
-            return Enqueued::Dropped;
-        }
-        outbox.frames.push_back((frame, droppable));
-        outbox.durable += usize::from(droppable);
-        if outbox.frames.len() > hard_limit {
-            drop(outbox);
-            self.close();
-            return Enqueued::Evicted;
-        }
-        drop(outbox);
-        self.ready.notify_one();
-        Enqueued::Queued
-    }
-
     /// Closes the connection for good: shutdown(2) (reaching every forked copy), writer released.
     pub fn close(&self) {
         let mut outbox = self.outbox();
         outbox.closed = true;
-        outbox.frames.clear();
+        outbox.clear();
         if !outbox.fd_released {
             sever(self.fd);
         }
         drop(outbox);
         self.ready.notify_one();
     }
-
-    /// Takes queued frames (up to about one chunk) for the writer.
-    fn take_batch(&self, into: &mut Vec<u8>) -> (usize, bool) {
-        let mut outbox = self.outbox();
-        let mut count = 0;
-        while into.len() < IO_CHUNK_BYTES {
-            let Some((frame, droppable)) = outbox.frames.pop_front() else {
-                break;
-            };
-            outbox.durable -= usize::from(droppable);
-            into.extend_from_slice(&frame);
-            count += 1;
-        }
-        (count, outbox.closed)
-    }
 }
 
-async fn write_loop(worker: Arc<Worker>, mut write: OwnedWriteHalf, core: Arc<Core>) {
-    let mut buffer = Vec::with_capacity(IO_CHUNK_BYTES);
+async fn write_loop(worker: Arc<Worker>, mut writer: FrameWriter, shared: Arc<Shared>) {
+    let mut batch = Vec::with_capacity(FRAMES_PER_BATCH);
     loop {
-        buffer.clear();
-        let (count, closed) = worker.take_batch(&mut buffer);
+        batch.clear();
+        let closed = {
+            let mut outbox = worker.outbox();
+            outbox.take(&mut batch, FRAMES_PER_BATCH);
+            outbox.closed
+        };
         if closed {
             break;
         }
-        if count == 0 {
+        if batch.is_empty() {
             worker.ready.notified().await;
             continue;
         }
-        if write.write_all(&buffer).await.is_err() {
+        if writer.write_frames(&batch).await.is_err() {
             break; // EPIPE/ECONNRESET: the reader sees it too and cleans up.
         }
-        core.counters
+        shared
             .frames_sent
-            .fetch_add(count as u64, Ordering::Relaxed);
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
     }
     worker.close();
 }
 
-async fn read_loop(worker: Arc<Worker>, mut read: OwnedReadHalf, core: Arc<Core>) {
-    let mut decoder = Decoder::new();
-    let mut buffer = vec![0u8; IO_CHUNK_BYTES];
-    'connection: loop {
-        let received = if decoder.has_partial_frame() {
-            match tokio::time::timeout(FRAME_COMPLETION_TIMEOUT, read.read(&mut buffer)).await {
-                Ok(received) => received,
-                Err(_) => {
-                    core.log.warn(format!(
-                        "{} sent part of a frame and then nothing for {}s — disconnecting it",
-                        worker.label(),
-                        FRAME_COMPLETION_TIMEOUT.as_secs()
-                    ));
-                    break;
-                }
+async fn read_loop(worker: Arc<Worker>, mut reader: FrameReader, log: LogSink, commands: Commands) {
+    loop {
+        let message = match reader.read_message().await {
+            Ok(message) => message,
+            Err(ReadEnd::Closed | ReadEnd::Broken(_)) => break,
+            Err(ReadEnd::Stalled(after)) => {
+                log.warn(format!(
+                    "{} sent part of a frame and then nothing for {}s — disconnecting it",
+                    worker.label(),
+                    after.as_secs()
+                ));
+                break;
             }
-        } else {
-            read.read(&mut buffer).await
+            Err(ReadEnd::Protocol(e)) => {
+                log.warn(format!(
+                    "{} protocol error: {e} — disconnecting it",
+                    worker.label()
+                ));
+                break;
+            }
         };
-        match received {
-            Ok(0) | Err(_) => break,
-            Ok(n) => decoder.feed(&buffer[..n]),
-        }
-        loop {
-            let message = match decoder
-                .next_frame()
-                .map(|frame| frame.map(Message::from_object))
-            {
-                Ok(None) => break,
-                Ok(Some(Ok(message))) => message,
-                Ok(Some(Err(e))) | Err(e) => {
-                    core.log.warn(format!(
-                        "{} protocol error: {e} — disconnecting it",
-                        worker.label()
-                    ));
-                    break 'connection;
+        match command_for(&worker, &log, message) {
+            Next::Send(command) => {
+                if commands.send(command).await.is_err() {
+                    break; // the hub is stopping
                 }
-            };
-            if !handle(&core, &worker, message) {
-                break 'connection;
             }
+            Next::Ignore => {}
+            Next::Disconnect => break,
         }
     }
     {
@@ -231,45 +176,62 @@ async fn read_loop(worker: Arc<Worker>, mut read: OwnedReadHalf, core: Arc<Core>
         }
     }
     worker.ready.notify_one();
-    core.remove_worker(worker.id);
-    drop(read);
+    drop(reader);
+    let _ = commands.send(Command::Gone(worker.id)).await;
 }
 
-/// Applies one frame from a worker; false = disconnect it.
-fn handle(core: &Arc<Core>, worker: &Arc<Worker>, message: Message) -> bool {
+/// What the reader does with one frame.
+enum Next {
+    Send(Command),
+    /// Logged already.
+    Ignore,
+    /// Logged already: the worker is cut off.
+    Disconnect,
+}
+
+fn command_for(worker: &Arc<Worker>, log: &LogSink, message: Message) -> Next {
     match message {
         Message::Sub(queue) => {
             if worker.pending_subs.load(Ordering::Relaxed) >= MAX_PENDING_SUBS {
-                core.log.warn(format!(
+                log.warn(format!(
                     "{} has {MAX_PENDING_SUBS} subscriptions awaiting LISTEN (a sub flood) — disconnecting it",
                     worker.label()
                 ));
-                return false;
+                return Next::Disconnect;
             }
             worker.pending_subs.fetch_add(1, Ordering::Relaxed);
-            core.subscribe(worker.clone(), queue);
+            Next::Send(Command::Sub {
+                worker: worker.id,
+                queue,
+            })
         }
-        Message::Unsub(queue) => core.unsubscribe(worker.id, &queue),
+        Message::Unsub(queue) => Next::Send(Command::Unsub {
+            worker: worker.id,
+            queue,
+        }),
         Message::Unknown(object)
-            if object.get("t").and_then(|t| t.as_str()) == Some(crate::protocol::STATS_KIND) =>
+            if object.get("t").and_then(|t| t.as_str()) == Some(STATS_KIND) =>
         {
-            core.send_stats(worker);
+            Next::Send(Command::Stats(worker.id))
         }
         Message::Unknown(object) => {
             let kind = object
                 .get("t")
                 .map(|t| t.to_string())
                 .unwrap_or_else(|| "none".into());
-            core.log.warn(format!(
+            log.warn(format!(
                 "{} sent unknown frame (t={kind}) — ignored",
                 worker.label()
             ));
+            Next::Ignore
         }
-        other => core.log.warn(format!(
-            "{} sent a hub-to-worker frame ({}) — ignored",
-            worker.label(),
-            other.kind()
-        )),
+        other => {
+            log.warn(format!(
+                "{} sent a hub-to-worker frame ({}) — ignored",
+                worker.label(),
+                other.kind()
+            ));
+            Next::Ignore
+        }
     }
-    true
 }

@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::Wake;
+use crate::shutdown::Shutdown;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
 /// well under a millisecond even under load, so 2 s never flaps on a slow
@@ -59,7 +60,7 @@ pub(super) struct Engine<F> {
     stats: Arc<ListenerStats>,
     on_event: F,
     commands: mpsc::UnboundedReceiver<Command>,
-    stop: watch::Receiver<bool>,
+    shutdown: Shutdown,
     /// The listen set: channel -> queue. What is LISTENed, or will be after reconnect.
     /// channel -> queue; the queue is shared by every wake it names (no copy per NOTIFY).
     channels: BTreeMap<String, Arc<str>>,
@@ -77,7 +78,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         config: ListenerConfig,
         stats: Arc<ListenerStats>,
         commands: mpsc::UnboundedReceiver<Command>,
-        stop: watch::Receiver<bool>,
+        shutdown: Shutdown,
         on_event: F,
     ) -> Self {
         stats.set_healthy(false);
@@ -88,7 +89,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             stats,
             on_event,
             commands,
-            stop,
+            shutdown,
             channels: BTreeMap::new(),
             live: HashSet::new(),
             pending: Vec::new(),
@@ -184,11 +185,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
             };
             tokio::pin!(attempt);
+            let mut shutdown = self.shutdown.clone();
             let outcome = loop {
                 tokio::select! {
                     biased;
+                    () = shutdown.wait() => return None,
                     command = self.commands.recv() => match command {
-                        None | Some(Command::Stop) => return None,
+                        None => return None,
                         Some(command) => self.handle_down(command),
                     },
                     outcome = &mut attempt => break outcome,
@@ -268,7 +271,6 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             Command::Unlisten { queue } => {
                 self.forget(&queue);
             }
-            Command::Stop => {}
         }
     }
 
@@ -319,7 +321,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         for chunk in channels.chunks(LISTEN_BATCH) {
             let sql = listen_sql("LISTEN", chunk);
             op(
-                self.stop.clone(),
+                self.shutdown.clone(),
                 session.client.batch_execute(&sql),
                 OP_TIMEOUT,
             )
@@ -336,11 +338,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // Commands first: they come at a bounded rate (workers' subs),
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
+            let mut shutdown = self.shutdown.clone();
             tokio::select! {
                 biased;
+                () = shutdown.wait() => return Exit::Stop,
                 command = self.commands.recv() => {
                     let exit = match command {
-                        None | Some(Command::Stop) => Some(Exit::Stop),
+                        None => Some(Exit::Stop),
                         Some(Command::Listen { queue, reply }) => {
                             self.listen_live(session, queue, reply).await
                         }
@@ -360,7 +364,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     None => return Exit::Lost("the connection driver ended".into()),
                 },
                 _ = tick.tick() => {
-                    match op(self.stop.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
+                    match op(self.shutdown.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
                         Ok(()) => {}
                         Err(OpError::Stopped) => return Exit::Stop,
                         Err(error) => {
@@ -419,17 +423,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let exit = self.run_listens(session, batch).await;
         if exit.is_some() {
             if let Some(command) = deferred {
-                // The connection is gone: handle it as while down (a Stop wins).
-                if matches!(command, Command::Stop) {
-                    return Some(Exit::Stop);
-                }
+                // The connection is gone: handle it as while down.
                 self.handle_down(command);
             }
             return exit;
         }
         match deferred {
             None => None,
-            Some(Command::Stop) => Some(Exit::Stop),
             Some(Command::Unlisten { queue }) => self.unlisten_live(session, &queue).await,
             Some(listen @ Command::Listen { .. }) => {
                 // Unreachable (listens are batched), handled for completeness.
@@ -451,7 +451,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         channels.dedup();
         let sql = listen_sql("LISTEN", &channels);
         match op(
-            self.stop.clone(),
+            self.shutdown.clone(),
             session.client.batch_execute(&sql),
             OP_TIMEOUT,
         )
@@ -505,7 +505,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let channel = self.forget(queue)?;
         let sql = listen_sql("UNLISTEN", &[channel]);
         match op(
-            self.stop.clone(),
+            self.shutdown.clone(),
             session.client.batch_execute(&sql),
             OP_TIMEOUT,
         )
@@ -531,13 +531,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
 /// Run a client operation bounded by `timeout`, abandoned at once on stop.
 async fn op<T>(
-    mut stop: watch::Receiver<bool>,
+    mut shutdown: Shutdown,
     operation: impl Future<Output = Result<T, tokio_postgres::Error>>,
     timeout: Duration,
 ) -> Result<T, OpError> {
     tokio::select! {
         biased;
-        _ = stop.wait_for(|stopping| *stopping) => Err(OpError::Stopped),
+        () = shutdown.wait() => Err(OpError::Stopped),
         outcome = tokio::time::timeout(timeout, operation) => match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(OpError::Pg(error)),

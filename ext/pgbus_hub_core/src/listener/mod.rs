@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::conninfo::ConnectionOptions;
 use crate::log::LogSink;
 use crate::protocol::Wake;
+use crate::shutdown::{shutdown, ShutdownTrigger};
 use crate::sync::lock;
 
 pub use standalone::StandaloneListener;
@@ -161,35 +162,26 @@ impl ListenError {
 }
 
 /// Where a listen answer goes: an async caller's oneshot or a blocking caller's channel.
-pub(crate) enum Reply {
-    Async(oneshot::Sender<Result<(), ListenError>>),
-    Sync(crossbeam_channel::Sender<Result<(), ListenError>>),
-}
+/// Whoever asked for a LISTEN, told its outcome exactly once (run on the
+/// engine's task: it must not block).
+pub(crate) struct Reply(Box<dyn FnOnce(Result<(), ListenError>) + Send>);
 
 impl Reply {
     pub(crate) fn send(self, outcome: Result<(), ListenError>) {
-        match self {
-            Self::Async(sender) => {
-                let _ = sender.send(outcome);
-            }
-            Self::Sync(sender) => {
-                let _ = sender.try_send(outcome);
-            }
-        }
+        (self.0)(outcome);
     }
 }
 
 pub(crate) enum Command {
     Listen { queue: String, reply: Reply },
     Unlisten { queue: String },
-    Stop,
 }
 
 /// Commands to one engine. Cheap to clone; every method returns at once.
 #[derive(Clone)]
 pub struct ListenerHandle {
     commands: mpsc::UnboundedSender<Command>,
-    stop: Arc<watch::Sender<bool>>,
+    stop: Arc<ShutdownTrigger>,
 }
 
 impl fmt::Debug for ListenerHandle {
@@ -206,14 +198,23 @@ impl ListenerHandle {
     /// request waits for reconnect + re-LISTEN. Never `Ok` for a LISTEN that failed.
     pub fn listen(&self, queue: &str) -> oneshot::Receiver<Result<(), ListenError>> {
         let (sender, receiver) = oneshot::channel();
-        self.listen_with(queue, Reply::Async(sender));
+        self.listen_then(queue, move |outcome| {
+            let _ = sender.send(outcome);
+        });
         receiver
     }
 
-    pub(crate) fn listen_with(&self, queue: &str, reply: Reply) {
+    /// As [`ListenerHandle::listen`], calling `answer` with the outcome
+    /// instead (on the engine's task, so it must not block): the caller
+    /// needs no task of its own to wait.
+    pub fn listen_then(
+        &self,
+        queue: &str,
+        answer: impl FnOnce(Result<(), ListenError>) + Send + 'static,
+    ) {
         let command = Command::Listen {
             queue: queue.to_string(),
-            reply,
+            reply: Reply(Box::new(answer)),
         };
         if let Err(mpsc::error::SendError(Command::Listen { reply, .. })) =
             self.commands.send(command)
@@ -232,13 +233,12 @@ impl ListenerHandle {
     /// The engine does a best-effort `UNLISTEN *` (short timeout), closes the
     /// connection and exits; an operation in flight is abandoned at once.
     pub fn stop(&self) {
-        self.stop.send_replace(true);
-        let _ = self.commands.send(Command::Stop);
+        self.stop.trigger();
     }
 
     /// True once the engine has exited (or `stop` was called).
     pub fn is_stopped(&self) -> bool {
-        self.commands.is_closed() || *self.stop.borrow()
+        self.commands.is_closed() || self.stop.is_triggered()
     }
 }
 
@@ -362,12 +362,12 @@ pub fn spawn_with_stats(
     tokio::task::JoinHandle<()>,
 ) {
     let (commands, receiver) = mpsc::unbounded_channel();
-    let (stop, stop_receiver) = watch::channel(false);
+    let (trigger, shutdown) = shutdown();
     let handle = ListenerHandle {
         commands,
-        stop: Arc::new(stop),
+        stop: Arc::new(trigger),
     };
-    let engine = engine::Engine::new(config, stats.clone(), receiver, stop_receiver, on_event);
+    let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event);
     let join = tokio::spawn(engine.run());
     (handle, stats, join)
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats, Reply};
+use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::process::Owner;
@@ -101,7 +101,9 @@ impl StandaloneListener {
             _ => return Err(ListenError::Stopped),
         };
         let (sender, receiver) = crossbeam_channel::bounded(1);
-        handle.listen_with(queue, Reply::Sync(sender));
+        handle.listen_then(queue, move |outcome| {
+            let _ = sender.try_send(outcome);
+        });
         crossbeam_channel::select! {
             recv(receiver) -> outcome => outcome.unwrap_or(Err(ListenError::Stopped)),
             recv(cancel) -> _ => Err(ListenError::Timeout),

@@ -1,0 +1,137 @@
+//! Backpressure, all of it: what one worker may have queued, which frames
+//! may be dropped, when a worker is evicted, and the counters and log lines
+//! that say so. [`Backpressure::offer`] is the one place a frame enters a
+//! worker's outbox.
+//!
+//! The policy is pgbus's: a durable wake (no payload) past
+//! `durable_queue_limit` is dropped, since the durable stream re-reads its
+//! queue; an ephemeral wake or a control frame is never dropped; past
+//! `hard_queue_limit` queued frames the worker is evicted (its client fails
+//! over to a connection of its own), so one stuck worker never grows the
+//! master's memory or slows the others.
+
+use super::worker::Worker;
+use crate::log::LogSink;
+use crate::protocol::Frame;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// pgbus's defaults (MasterHub::DEFAULT_DURABLE_QUEUE_LIMIT / DEFAULT_HARD_QUEUE_LIMIT).
+pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
+pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
+
+/// Log the first dropped durable wake and then every this many: a stuck
+/// worker drops thousands a second, and one line per hundred still shows the rate.
+const DROP_LOG_EVERY: u64 = 100;
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Enqueued {
+    Queued,
+    /// A durable wake over `durable_queue_limit`: dropped (it self-heals on the next read).
+    Dropped,
+    /// Over `hard_queue_limit`: the worker was severed (its client fails over).
+    Evicted,
+    /// The worker is already gone.
+    Closed,
+}
+
+/// One worker's queued frames, in order, each marked droppable or not.
+#[derive(Default)]
+pub struct Outbox {
+    frames: VecDeque<(Frame, bool)>,
+    durable: usize,
+    pub closed: bool,
+    /// Set (under this lock) before the reader drops its half: from then on the fd may be reused.
+    pub fd_released: bool,
+}
+
+impl Outbox {
+    /// Moves up to `max` frames, oldest first, into `batch` (the writer's).
+    pub fn take(&mut self, batch: &mut Vec<Frame>, max: usize) {
+        while batch.len() < max {
+            let Some((frame, droppable)) = self.frames.pop_front() else {
+                break;
+            };
+            self.durable -= usize::from(droppable);
+            batch.push(frame);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.frames.clear();
+        self.durable = 0;
+    }
+
+    #[cfg(test)]
+    pub fn front(&self) -> Option<&Frame> {
+        self.frames.front().map(|(frame, _)| frame)
+    }
+}
+
+/// The limits and what applying them has cost so far (shown in the hub's stats).
+pub struct Backpressure {
+    durable_limit: usize,
+    hard_limit: usize,
+    dropped: AtomicU64,
+    evicted: AtomicU64,
+    log: LogSink,
+}
+
+impl Backpressure {
+    pub fn new(durable_limit: usize, hard_limit: usize, log: LogSink) -> Self {
+        Self {
+            durable_limit,
+            hard_limit,
+            dropped: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            log,
+        }
+    }
+
+    /// Queues `frame` for `worker`, or drops it, or evicts the worker; counts
+    /// and logs the outcome. Never blocks. `droppable`: a durable wake.
+    pub fn offer(&self, worker: &Worker, frame: Frame, droppable: bool) -> Enqueued {
+        let mut outbox = worker.outbox();
+        if outbox.closed {
+            return Enqueued::Closed;
+        }
+        if droppable && outbox.durable >= self.durable_limit {
+            drop(outbox);
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped == 1 || dropped % DROP_LOG_EVERY == 0 {
+                self.log.warn(format!(
+                    "dropped {dropped} durable wake(s) so far: {} has {} queued \
+                     (durable_queue_limit); durable streams catch up on their next read",
+                    worker.label(),
+                    self.durable_limit
+                ));
+            }
+            return Enqueued::Dropped;
+        }
+        outbox.frames.push_back((frame, droppable));
+        outbox.durable += usize::from(droppable);
+        if outbox.frames.len() > self.hard_limit {
+            drop(outbox);
+            worker.close();
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            self.log.warn(format!(
+                "evicting {}: outbound queue exceeded {} frames (worker not draining) — \
+                 it falls back to its own listener",
+                worker.label(),
+                self.hard_limit
+            ));
+            return Enqueued::Evicted;
+        }
+        drop(outbox);
+        worker.frames_ready();
+        Enqueued::Queued
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+}

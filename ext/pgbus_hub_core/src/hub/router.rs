@@ -1,0 +1,607 @@
+//! The router: the one task that owns the routing table, the workers and the
+//! LISTEN engine. Workers' readers and the accept loop send it [`Command`]s;
+//! the engine sends it wakes and health changes; it answers subs, routes each
+//! wake to the workers that want it (encoded once, see [`Router::deliver`]),
+//! and broadcasts the hub's health. Nothing else mutates this state, so it
+//! needs no lock.
+
+use super::registry::Registry;
+use super::server;
+use super::worker::{Worker, WorkerId};
+use super::{HubConfig, Shared};
+use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
+use crate::protocol::{encode_object, Frame, Message, Wake, STATS_KIND};
+use crate::shutdown::Shutdown;
+use crate::sync::lock;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How long `stop` lets the engine UNLISTEN and close before giving up on it.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Commands queued from workers' readers and the accept loop. Bounded, so a
+/// peer flooding frames waits on its own reader instead of growing the hub's
+/// memory; a socket buffer's worth of small frames fits.
+const COMMAND_QUEUE: usize = 4096;
+
+/// A zero status interval would spin; 10 ms is far below any useful health cadence.
+const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(10);
+
+pub enum Command {
+    /// A connection of our uid was accepted.
+    Accepted {
+        stream: tokio::net::UnixStream,
+        peer_pid: Option<i32>,
+    },
+    Sub {
+        worker: WorkerId,
+        queue: String,
+    },
+    Unsub {
+        worker: WorkerId,
+        queue: String,
+    },
+    /// Our `{"t":"stats"}` extension.
+    Stats(WorkerId),
+    /// The worker's connection ended.
+    Gone(WorkerId),
+}
+
+/// What the LISTEN engine sends the router (unbounded: the engine never
+/// waits on the router, and neither a wake nor an answer may be lost).
+enum FromEngine {
+    Event(Event),
+    /// The engine answered sub `id`'s LISTEN.
+    Listened {
+        id: u64,
+        outcome: Result<(), ListenError>,
+    },
+}
+
+pub type Commands = mpsc::Sender<Command>;
+
+/// A sub waiting for the engine's LISTEN.
+struct PendingSub {
+    worker: WorkerId,
+    queue: String,
+    /// The name is valid: during a database outage it is acked at once and
+    /// LISTENed on reconnect.
+    deferrable: bool,
+    /// Acked already (during an outage): the engine's answer needs no reply.
+    acked: bool,
+}
+
+struct Engine {
+    handle: ListenerHandle,
+    stats: Arc<ListenerStats>,
+    task: JoinHandle<()>,
+}
+
+pub struct Router {
+    shared: Arc<Shared>,
+    registry: Registry,
+    /// Every accepted connection of our uid, monitors included.
+    workers: HashMap<WorkerId, Arc<Worker>>,
+    /// Connections that asked for stats without ever subscribing (`pgbus-hub
+    /// status`): served like any peer, but not counted as workers.
+    monitors: HashSet<WorkerId>,
+    pending: HashMap<u64, PendingSub>,
+    next_sub: u64,
+    next_worker: WorkerId,
+    /// True while the workers were last told `healthy: false` (set after that
+    /// status frame is queued to every worker, so an ack it releases follows it).
+    outage: bool,
+    engine: Option<Engine>,
+    listener_config: ListenerConfig,
+    commands: Commands,
+    from_engine: mpsc::UnboundedSender<FromEngine>,
+}
+
+/// Where the router's inputs arrive.
+pub struct Inputs {
+    commands: mpsc::Receiver<Command>,
+    from_engine: mpsc::UnboundedReceiver<FromEngine>,
+}
+
+impl Router {
+    pub fn new(shared: Arc<Shared>, config: &HubConfig) -> (Self, Inputs) {
+        let (commands, command_receiver) = mpsc::channel(COMMAND_QUEUE);
+        let (from_engine, engine_receiver) = mpsc::unbounded_channel();
+        let router = Self {
+            shared,
+            registry: Registry::default(),
+            workers: HashMap::new(),
+            monitors: HashSet::new(),
+            pending: HashMap::new(),
+            next_sub: 1,
+            next_worker: 1,
+            outage: false,
+            engine: None,
+            listener_config: config.listener.clone(),
+            commands,
+            from_engine,
+        };
+        let inputs = Inputs {
+            commands: command_receiver,
+            from_engine: engine_receiver,
+        };
+        (router, inputs)
+    }
+
+    pub fn commands(&self) -> Commands {
+        self.commands.clone()
+    }
+
+    /// Serves until `shutdown`: routes, answers, broadcasts health, and
+    /// restarts the LISTEN engine if it ever ends on its own (pgbus's Ruby hub
+    /// never does, and the host goes deaf). Then closes every worker and stops
+    /// the engine.
+    pub async fn run(
+        mut self,
+        mut inputs: Inputs,
+        status_interval: Duration,
+        mut shutdown: Shutdown,
+    ) {
+        self.start_engine();
+        let mut ticker = tokio::time::interval(status_interval.max(MIN_STATUS_INTERVAL));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let engine_ended = async {
+                match self.engine.as_mut() {
+                    Some(engine) => {
+                        let _ = (&mut engine.task).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.wait() => break,
+                Some(signal) = inputs.from_engine.recv() => match signal {
+                    FromEngine::Event(event) => self.on_event(event),
+                    FromEngine::Listened { id, outcome } => {
+                        self.listened(id, outcome);
+                        self.publish_counts();
+                    }
+                },
+                Some(command) = inputs.commands.recv() => self.on_command(command),
+                _ = ticker.tick() => self.broadcast_status(),
+                () = engine_ended => self.restart_engine(),
+            }
+        }
+        for worker in self.workers.values() {
+            worker.close();
+        }
+        if let Some(engine) = self.engine.take() {
+            engine.handle.stop();
+            let _ = tokio::time::timeout(STOP_GRACE, engine.task).await;
+        }
+    }
+
+    fn start_engine(&mut self) {
+        let from_engine = self.from_engine.clone();
+        let (handle, stats, task) = listener::spawn(self.listener_config.clone(), move |event| {
+            // Fails only once the router is gone (stopping): nothing to deliver to.
+            let _ = from_engine.send(FromEngine::Event(event));
+        });
+        *lock(&self.shared.listener) = Some(stats.clone());
+        self.engine = Some(Engine {
+            handle,
+            stats,
+            task,
+        });
+    }
+
+    fn restart_engine(&mut self) {
+        self.shared
+            .listener_restarts
+            .fetch_add(1, Ordering::Relaxed);
+        self.shared.log.error(
+            "the LISTEN engine ended unexpectedly — restarting it and re-LISTENing every channel",
+        );
+        self.on_event(Event::Healthy(false));
+        self.start_engine();
+        if let Some(engine) = &self.engine {
+            for queue in self.registry.queues() {
+                // Subs were acked (or are pending) already: the answer needs no reply.
+                engine.handle.listen_then(queue, |_| {});
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Wake(wake) => self.deliver(wake),
+            Event::Healthy(healthy) => {
+                if self.shared.healthy.swap(healthy, Ordering::Relaxed) != healthy {
+                    self.broadcast_status();
+                }
+            }
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Accepted { stream, peer_pid } => self.accept(stream, peer_pid),
+            Command::Sub { worker, queue } => self.subscribe(worker, queue),
+            Command::Unsub { worker, queue } => self.unsubscribe(worker, &queue),
+            Command::Stats(worker) => self.send_stats(worker),
+            Command::Gone(worker) => self.remove_worker(worker),
+        }
+        self.publish_counts();
+    }
+
+    /// The counts `MasterHub::stats` reads from other threads.
+    fn publish_counts(&self) {
+        let workers = self.workers.len().saturating_sub(self.monitors.len());
+        self.shared.workers.store(workers, Ordering::Relaxed);
+        self.shared
+            .channels
+            .store(self.registry.queue_count(), Ordering::Relaxed);
+    }
+
+    fn accept(&mut self, stream: tokio::net::UnixStream, peer_pid: Option<i32>) {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        let worker = Worker::spawn(id, peer_pid, stream, self.shared.clone(), self.commands());
+        self.workers.insert(id, worker.clone());
+        if let Some(healthy) = self.announced_health() {
+            self.send(&worker, &Message::Status { healthy });
+        }
+    }
+
+    /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN and
+    /// acks when it ran. A NOTIFY after the LISTEN is therefore routed to
+    /// this worker whether it arrives before or after the ack.
+    ///
+    /// During a database outage (workers told `healthy: false`) a valid sub
+    /// is acked at once instead: it stays registered and is LISTENed on
+    /// reconnect, and while the hub has no connection no NOTIFY reaches
+    /// anyone, subscribed earlier or not. pgbus's own Ruby hub acks such a sub
+    /// after its listener's budget too; its Ruby client, left without an ack,
+    /// would fail over to a connection it cannot open during the outage and
+    /// stay without wakes until the worker recycles. Our client reads an ack
+    /// that follows `healthy: false` as "LISTENed after the reconnect".
+    fn subscribe(&mut self, worker_id: WorkerId, queue: String) {
+        let Some(worker) = self.workers.get(&worker_id).cloned() else {
+            return; // gone before its sub was read here
+        };
+        self.monitors.remove(&worker_id);
+        self.registry.add(worker_id, &queue);
+        let Some(engine) = &self.engine else {
+            worker.sub_answered();
+            return self.finish_subscribe(&worker, &queue, Err(ListenError::Stopped));
+        };
+        let id = self.next_sub;
+        self.next_sub += 1;
+        let from_engine = self.from_engine.clone();
+        engine.handle.listen_then(&queue, move |outcome| {
+            let _ = from_engine.send(FromEngine::Listened { id, outcome });
+        });
+        let deferrable = self.listener_config.channel_for(&queue).is_ok();
+        let mut pending = PendingSub {
+            worker: worker_id,
+            queue,
+            deferrable,
+            acked: false,
+        };
+        if self.outage && deferrable {
+            self.ack_during_outage(&worker, &mut pending);
+        }
+        self.pending.insert(id, pending);
+    }
+
+    fn ack_during_outage(&self, worker: &Worker, pending: &mut PendingSub) {
+        self.send(worker, &Message::Ack(pending.queue.clone()));
+        self.shared.log.debug(format!(
+            "acked {}'s sub for {:?} during the database outage: LISTENed on reconnect",
+            worker.label(),
+            pending.queue
+        ));
+        pending.acked = true;
+    }
+
+    fn listened(&mut self, id: u64, outcome: Result<(), ListenError>) {
+        let Some(pending) = self.pending.remove(&id) else {
+            return;
+        };
+        let Some(worker) = self.workers.get(&pending.worker).cloned() else {
+            return;
+        };
+        worker.sub_answered();
+        if !pending.acked {
+            self.finish_subscribe(&worker, &pending.queue, outcome);
+        }
+    }
+
+    /// Acks only a LISTEN that ran. A refused name gets our `nack` extension
+    /// (pgbus's client ignores it and times out, as it would with no answer).
+    fn finish_subscribe(&mut self, worker: &Worker, queue: &str, outcome: Result<(), ListenError>) {
+        let log = &self.shared.log;
+        match outcome {
+            Ok(()) => self.send(worker, &Message::Ack(queue.to_owned())),
+            Err(ListenError::Stopped) => log.warn(format!(
+                "not acking {}'s sub for {queue:?}: the listener stopped before LISTEN ran",
+                worker.label()
+            )),
+            Err(withdrawn @ ListenError::Withdrawn { .. }) => {
+                // The subscriber itself gave up (unsub or disconnect): not a refusal.
+                log.info(format!(
+                    "{}: {withdrawn}; answering its sub with a nack",
+                    worker.label()
+                ));
+                self.send(worker, &nack(queue, &withdrawn));
+            }
+            Err(refused) => {
+                log.warn(format!(
+                    "{} subscribed to {queue:?}: {refused} — refused",
+                    worker.label()
+                ));
+                self.unsubscribe(worker.id, queue);
+                self.send(worker, &nack(queue, &refused));
+            }
+        }
+    }
+
+    fn unsubscribe(&mut self, worker: WorkerId, queue: &str) {
+        if self.registry.remove(worker, queue) {
+            if let Some(engine) = &self.engine {
+                engine.handle.unlisten(queue);
+            }
+        }
+    }
+
+    fn remove_worker(&mut self, worker: WorkerId) {
+        self.workers.remove(&worker);
+        self.monitors.remove(&worker);
+        for queue in self.registry.remove_worker(worker) {
+            if let Some(engine) = &self.engine {
+                engine.handle.unlisten(&queue);
+            }
+        }
+    }
+
+    /// A non-droppable control frame (ack, nack, status) to one worker.
+    fn send(&self, worker: &Worker, message: &Message) {
+        match message.encode() {
+            Ok(frame) => {
+                self.shared
+                    .backpressure
+                    .offer(worker, Frame::from(frame), false);
+            }
+            Err(e) => self
+                .shared
+                .log
+                .error(format!("cannot encode a {} frame: {e}", message.kind())),
+        }
+    }
+
+    /// Fan-out: the wake is encoded once, and every routed worker's outbox
+    /// holds the same bytes (a refcount each; the writers send them as they are).
+    pub(super) fn deliver(&self, wake: Wake) {
+        self.shared.wakes_received.fetch_add(1, Ordering::Relaxed);
+        let mut workers = self
+            .registry
+            .workers_for(&wake.queue)
+            .filter_map(|id| self.workers.get(&id))
+            .peekable();
+        if workers.peek().is_none() {
+            return;
+        }
+        let frame = match wake.encode() {
+            Ok(frame) => frame,
+            Err(e) => {
+                return self
+                    .shared
+                    .log
+                    .error(format!("cannot encode a wake frame: {e}"))
+            }
+        };
+        for worker in workers {
+            self.shared
+                .backpressure
+                .offer(worker, frame.clone(), wake.is_droppable());
+        }
+    }
+
+    /// The `status` to tell workers, or None while the listener's first
+    /// connection attempt is still under way. Our client treats `healthy:false`
+    /// as a database outage and stops waiting for acks (it stays on the hub);
+    /// before the first attempt has concluded that would be wrong: the ack is
+    /// only milliseconds away, so new workers keep pgbus's optimistic default.
+    fn announced_health(&self) -> Option<bool> {
+        let healthy = self.shared.healthy.load(Ordering::Relaxed);
+        let attempted = healthy
+            || self.engine.as_ref().is_some_and(|engine| {
+                let stats = &engine.stats;
+                stats.connect_failures() > 0
+                    || stats.reconnects() > 0
+                    || stats.last_error().is_some()
+            });
+        attempted.then_some(healthy)
+    }
+
+    fn broadcast_status(&mut self) {
+        let Some(healthy) = self.announced_health() else {
+            return;
+        };
+        let Ok(frame) = (Message::Status { healthy }).encode() else {
+            return;
+        };
+        let frame = Frame::from(frame);
+        for worker in self.workers.values() {
+            self.shared.backpressure.offer(worker, frame.clone(), false);
+        }
+        let outage_began = healthy == self.outage && !healthy;
+        self.outage = !healthy;
+        if outage_began {
+            // Subs still waiting for a LISTEN that needs a reconnect first.
+            let mut pending = std::mem::take(&mut self.pending);
+            for sub in pending
+                .values_mut()
+                .filter(|sub| sub.deferrable && !sub.acked)
+            {
+                if let Some(worker) = self.workers.get(&sub.worker) {
+                    self.ack_during_outage(worker, sub);
+                }
+            }
+            self.pending = pending;
+        }
+    }
+
+    /// Answers our `{"t":"stats"}` extension (pgbus's client never sends it):
+    /// `{"t":"stats","stats":{...}}`, for `pgbus-hub status`. A connection
+    /// that asks for stats and has no subscription is a monitor, not a worker:
+    /// it is left out of `workers` (in this answer too) until it subscribes.
+    fn send_stats(&mut self, worker_id: WorkerId) {
+        let Some(worker) = self.workers.get(&worker_id).cloned() else {
+            return;
+        };
+        if !self.registry.is_subscribed(worker_id) {
+            self.monitors.insert(worker_id);
+        }
+        self.publish_counts();
+        let mut reply = serde_json::Map::new();
+        reply.insert("t".into(), STATS_KIND.into());
+        reply.insert("stats".into(), self.shared.stats(1).fields().into());
+        match encode_object(&reply) {
+            Ok(frame) => {
+                self.shared
+                    .backpressure
+                    .offer(&worker, Frame::from(frame), false);
+            }
+            Err(e) => self
+                .shared
+                .log
+                .error(format!("cannot encode a stats frame: {e}")),
+        }
+    }
+}
+
+fn nack(queue: &str, error: &ListenError) -> Message {
+    Message::Nack {
+        queue: queue.to_owned(),
+        reason: error.to_string(),
+    }
+}
+
+/// Accepts connections until `shutdown`; peers of another uid are refused
+/// here, everyone else is handed to the router.
+pub async fn accept_loop(
+    shared: Arc<Shared>,
+    unix: tokio::net::UnixListener,
+    commands: Commands,
+    mut shutdown: Shutdown,
+) {
+    /// Pause after accept(2) fails (EMFILE under an fd flood): retrying at once would spin.
+    const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+    let own_uid = server::own_uid();
+    let mut refused_uids = HashSet::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait() => return,
+            accepted = unix.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                shared
+                    .log
+                    .warn(format!("accept on the hub socket failed: {e} — retrying"));
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let cred = stream.peer_cred();
+        let peer_uid = cred
+            .as_ref()
+            .map(|cred| cred.uid())
+            .map_err(|e| std::io::Error::from(e.kind()));
+        if peer_uid.as_ref().ok() != Some(&own_uid) {
+            refuse_peer(&shared, &mut refused_uids, &stream, peer_uid, own_uid);
+            continue;
+        }
+        let peer_pid = cred.ok().and_then(|cred| cred.pid());
+        if commands
+            .send(Command::Accepted { stream, peer_pid })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Counts every refused peer, logs each uid once (a hostile loop must not flood the log).
+fn refuse_peer(
+    shared: &Shared,
+    refused_uids: &mut HashSet<u32>,
+    stream: &tokio::net::UnixStream,
+    peer_uid: std::io::Result<u32>,
+    own_uid: u32,
+) {
+    shared.rejected_peers.fetch_add(1, Ordering::Relaxed);
+    let first_time = match &peer_uid {
+        Ok(uid) => refused_uids.insert(*uid),
+        Err(_) => true,
+    };
+    if first_time {
+        let who = match peer_uid {
+            Ok(uid) => format!("uid {uid}"),
+            Err(e) => format!("an unidentifiable peer ({e})"),
+        };
+        shared.log.warn(format!(
+            "refused a hub connection from {who}: the hub only serves uid {own_uid}"
+        ));
+    }
+    server::sever(std::os::fd::AsRawFd::as_raw_fd(stream));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conninfo::ConnectionOptions;
+    use crate::log::LogSink;
+
+    /// The fan-out promise in the code path: one encoding per wake, and every
+    /// routed worker's outbox holds that same allocation (no per-worker copy).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wake_is_encoded_once_and_every_worker_queues_the_same_bytes() {
+        let connection =
+            ConnectionOptions::parse("host=/nonexistent dbname=none user=none").unwrap();
+        let config = HubConfig {
+            listener: ListenerConfig::new(connection, LogSink::silent()),
+            socket_path: "/nonexistent/hub.sock".into(),
+            status_interval: super::super::DEFAULT_STATUS_INTERVAL,
+            durable_queue_limit: 8,
+            hard_queue_limit: 8,
+        };
+        let (mut router, _inputs) = Router::new(Arc::new(Shared::new(&config)), &config);
+        let mut peers = Vec::new();
+        for _ in 0..3 {
+            let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+            router.accept(ours, None);
+            peers.push(theirs);
+        }
+        let ids: Vec<WorkerId> = router.workers.keys().copied().collect();
+        for id in &ids {
+            router.registry.add(*id, "q");
+        }
+        router.deliver(Wake::new("q", Some("payload")));
+        let queued: Vec<usize> = ids
+            .iter()
+            .map(|id| {
+                router.workers[id]
+                    .outbox()
+                    .front()
+                    .expect("a wake")
+                    .as_ptr() as usize
+            })
+            .collect();
+        assert_eq!(queued.len(), 3);
+        assert!(queued.iter().all(|ptr| *ptr == queued[0]), "{queued:?}");
+    }
+}
