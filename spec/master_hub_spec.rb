@@ -190,6 +190,32 @@ RSpec.describe Pgbus::Hub::MasterHub do
     expect(hub.stats[:reconnects]).to be >= 1
   end
 
+  it "caps the channels a connection and the host may LISTEN on: past them a nack and one WARN per connection" do
+    log = StringIO.new
+    hub = start_hub(max_channels_per_connection: 3, max_channels: 5, logger: Logger.new(log))
+    hostile = WirePeer.new(hub.socket_path)
+    %w[cap_a cap_b cap_c].each { |queue| hostile.subscribe(queue) }
+    hostile.send_frame("t" => "sub", "q" => "cap_d")
+    hostile.send_frame("t" => "sub", "q" => "cap_e")
+    nacks = Array.new(2) { hostile.next_non_status }
+    expect(nacks.map { |f| f["q"] }).to eq(%w[cap_d cap_e])
+    expect(nacks.first["reason"]).to include("already has the hub LISTEN on 3 channels (max_channels_per_connection 3)")
+    hostile.subscribe("cap_a") # already its own: adds nothing, acked
+
+    other = WirePeer.new(hub.socket_path)
+    %w[cap_x cap_y].each { |queue| other.subscribe(queue) } # 5 channels in all
+    other.send_frame("t" => "sub", "q" => "cap_z")
+    expect(other.next_non_status).to include("t" => "nack", "q" => "cap_z",
+                                             "reason" => "the hub already LISTENs on 5 channels (max_channels 5)")
+    other.subscribe("cap_a") # LISTENed already: adds no channel, acked at the host cap
+    wait_for("stats") { hub.stats[:refused_subs] == 3 && hub.stats[:channels] == 5 }
+    TestDatabase.notify("cap_a", "still")
+    expect(hostile.next_non_status).to include("t" => "wake", "q" => "cap_a", "p" => "still")
+    expect(other.next_non_status).to include("t" => "wake", "q" => "cap_a", "p" => "still")
+    wait_for("log drained") { log.string.scan("refused (further refusals").size == 2 }
+    expect(log.string).to match(/WARN.*connection \d+ \(pid \d+\) subscribed to "cap_d"/)
+  end
+
   it "ends a stop waiting on a frozen database session at once when its thread is killed" do
     hub = start_hub
     wait_for("healthy") { hub.stats[:listener_healthy] }

@@ -42,6 +42,11 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
         hub::DEFAULT_HARD_QUEUE_LIMIT,
     )?;
     defaults.aset(
+        ruby.to_symbol("max_channels_per_connection"),
+        hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
+    )?;
+    defaults.aset(ruby.to_symbol("max_channels"), hub::DEFAULT_MAX_CHANNELS)?;
+    defaults.aset(
         ruby.to_symbol("status_interval"),
         hub::DEFAULT_STATUS_INTERVAL.as_secs_f64(),
     )?;

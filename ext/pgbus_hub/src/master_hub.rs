@@ -40,6 +40,8 @@ impl RbMasterHub {
             status_interval: seconds(ruby, options, "status_interval")?,
             durable_queue_limit: required(ruby, options, "durable_queue_limit")?,
             hard_queue_limit: required(ruby, options, "hard_queue_limit")?,
+            max_channels_per_connection: required(ruby, options, "max_channels_per_connection")?,
+            max_channels: required(ruby, options, "max_channels")?,
         };
         let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
         *rb_self.hub() = Some(hub);

@@ -96,6 +96,8 @@ const MASTER_HUB: &[(&str, Kind)] = &[
     ("status_interval", Seconds),
     ("durable_queue_limit", Count),
     ("hard_queue_limit", Count),
+    ("max_channels_per_connection", Count),
+    ("max_channels", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),
 ];

@@ -8,6 +8,7 @@
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::{
     HubConfig, MasterHub, DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT,
+    DEFAULT_MAX_CHANNELS, DEFAULT_MAX_CHANNELS_PER_CONNECTION,
 };
 use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
@@ -36,6 +37,8 @@ fn main() {
         status_interval: Duration::from_secs(1),
         durable_queue_limit: DEFAULT_DURABLE_QUEUE_LIMIT,
         hard_queue_limit: DEFAULT_HARD_QUEUE_LIMIT,
+        max_channels_per_connection: DEFAULT_MAX_CHANNELS_PER_CONNECTION,
+        max_channels: DEFAULT_MAX_CHANNELS,
     };
     let mut hub = MasterHub::start(config).unwrap_or_else(|e| {
         eprintln!("pgbus-hub-master: {e}");

@@ -4,7 +4,7 @@
 //! disturbed by another test's hub. Skips (with a message) when no server answers.
 
 use pgbus_hub_core::conninfo::ConnectionOptions;
-use pgbus_hub_core::hub::{HubConfig, MasterHub};
+use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
 use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::protocol::{Decoder, Message, Wake};
@@ -68,6 +68,8 @@ impl Fixture {
             status_interval: Duration::from_millis(200),
             durable_queue_limit: 256,
             hard_queue_limit: 1024,
+            max_channels_per_connection: hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
+            max_channels: hub::DEFAULT_MAX_CHANNELS,
         }
     }
 
@@ -730,4 +732,29 @@ fn measure_sub_ack_fanout_and_thread_count() {
         "the hub's thread count does not grow with workers"
     );
     assert_eq!(hub.stats().threads, 1);
+}
+
+#[test]
+fn an_ended_engine_is_restarted_and_relistens_every_channel() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("restart")).unwrap();
+    let mut peer = Peer::connect(&hub);
+    for queue in ["r1", "r2", "r3"] {
+        peer.subscribe(queue);
+    }
+    let before = hub.stats().backend.expect("the hub's backend").pid;
+    hub.end_engine();
+    wait_until("the engine restarted and healthy", || {
+        let stats = hub.stats();
+        stats.listener_restarts == 1
+            && stats.listener_healthy
+            && stats.backend.is_some_and(|b| b.pid != before)
+    });
+    for queue in ["r1", "r2", "r3"] {
+        fx.notify(queue, "after restart");
+        peer.expect_wake(queue, Some("after restart"));
+    }
+    // The ended engine's connection is closed: still one per host.
+    wait_until("census 1", || fx.census() == 1);
+    assert_eq!(hub.stats().channels, 3);
 }

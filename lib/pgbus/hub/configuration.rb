@@ -11,7 +11,8 @@ module Pgbus
     #   end
     class Configuration
       OWNER = "Pgbus::Hub.configure"
-      TUNING = %i[health_check_ms channel_prefix channel_suffix durable_queue_limit hard_queue_limit status_interval].freeze
+      # Every hub default the core defines (ack_timeout is the workers', derived from health_check_ms).
+      TUNING = (Hub::DEFAULTS.keys - %i[ack_timeout]).freeze
 
       attr_accessor :logger
       attr_reader :connection, :listen_scope, :socket_path, *TUNING

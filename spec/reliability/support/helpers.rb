@@ -370,15 +370,22 @@ class PrivateCluster
     File.executable?(File.join(BIN, "initdb"))
   end
 
-  def initialize
+  # `standby_of:` a running PrivateCluster: a streaming standby of it
+  # (pg_basebackup -R, so it starts in recovery), with a port and socket of its own.
+  def initialize(standby_of: nil)
     @dir = Dir.mktmpdir("pgbus-rel-pg")
     File.chmod(0o755, @dir)
     @data = File.join(@dir, "data")
     @port = 55_000 + rand(5000)
     @as_postgres = Process.euid.zero?
     FileUtils.chown("postgres", "postgres", @dir) if @as_postgres
-    run!("#{BIN}/initdb", "-D", @data, "-A", "trust", "-U", "root", "-E", "UTF8", "--no-sync")
-    File.open(File.join(@data, "postgresql.conf"), "a") do |conf|
+    if standby_of
+      run!("#{BIN}/pg_basebackup", "-D", @data, "-R", "-X", "stream", "-h", standby_of.dir,
+           "-p", standby_of.port.to_s, "-U", "root", "--no-sync")
+    else
+      run!("#{BIN}/initdb", "-D", @data, "-A", "trust", "-U", "root", "-E", "UTF8", "--no-sync")
+    end
+    File.open(File.join(@data, "postgresql.conf"), "a") do |conf| # the last setting wins over the primary's
       conf.puts "listen_addresses = ''", "unix_socket_directories = '#{@dir}'", "port = #{@port}",
                 "fsync = off", "max_connections = 50", "shared_buffers = 16MB"
     end
@@ -393,6 +400,7 @@ class PrivateCluster
   end
 
   def start = pg_ctl("start")
+  def promote = pg_ctl("promote")
   def stop(mode = "fast") = pg_ctl("-m", mode, "stop")
   def restart(mode = "fast") = pg_ctl("-m", mode, "restart")
 

@@ -38,6 +38,17 @@ pub use worker::MAX_PENDING_SUBS;
 /// checks health this often): a change reaches workers within a second.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Channels one connection may have the hub LISTEN on. PostgreSQL matches
+/// every NOTIFY against the listening backend's channel list by a linear scan
+/// (async.c), so the set's size is paid on every notification, for the whole
+/// host: a peer of our uid must not grow it without bound. pgbus subscribes one
+/// queue per stream a worker serves; 10,000 is far above what a worker serves.
+pub const DEFAULT_MAX_CHANNELS_PER_CONNECTION: usize = 10_000;
+
+/// Channels the hub LISTENs on in all (the host-wide LISTEN set): several
+/// workers' full share, still a list PostgreSQL scans in well under a millisecond.
+pub const DEFAULT_MAX_CHANNELS: usize = 50_000;
+
 /// The environment variable that names the hub's socket to the workers (pgbus's).
 pub const SOCKET_ENV: &str = "PGBUS_STREAMS_HUB_SOCKET";
 
@@ -54,6 +65,9 @@ pub struct HubConfig {
     pub status_interval: Duration,
     pub durable_queue_limit: usize,
     pub hard_queue_limit: usize,
+    /// Past these a sub that would add a channel is refused with a `nack`.
+    pub max_channels_per_connection: usize,
+    pub max_channels: usize,
 }
 
 /// A point-in-time copy of the hub's counters.
@@ -68,6 +82,8 @@ pub struct HubStats {
     pub dropped_durable_wakes: u64,
     pub evicted_workers: u64,
     pub rejected_peers: u64,
+    /// Subs refused because they would pass a channel cap.
+    pub refused_subs: u64,
     pub listener_restarts: u64,
     /// Native threads the hub runs: 1 while running, 0 after stop, whatever the worker count.
     pub threads: usize,
@@ -104,6 +120,7 @@ impl HubStats {
         put("dropped_durable_wakes", self.dropped_durable_wakes.into());
         put("evicted_workers", self.evicted_workers.into());
         put("rejected_peers", self.rejected_peers.into());
+        put("refused_subs", self.refused_subs.into());
         put("listener_restarts", self.listener_restarts.into());
         put("threads", self.threads.into());
         put("last_error", self.last_error.clone().into());
@@ -133,9 +150,14 @@ pub(crate) struct Shared {
     wakes_received: AtomicU64,
     frames_sent: AtomicU64,
     rejected_peers: AtomicU64,
+    /// Subs refused by the channel caps.
+    refused_subs: AtomicU64,
     listener_restarts: AtomicU64,
     /// The current engine's stats (replaced when the engine is restarted).
     listener: Mutex<Option<Arc<ListenerStats>>>,
+    /// Test builds: ends the LISTEN engine task as a crash would.
+    #[cfg(feature = "fault-injection")]
+    end_engine: tokio::sync::Notify,
     started: Instant,
 }
 
@@ -155,8 +177,11 @@ impl Shared {
             wakes_received: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
             rejected_peers: AtomicU64::new(0),
+            refused_subs: AtomicU64::new(0),
             listener_restarts: AtomicU64::new(0),
             listener: Mutex::new(None),
+            #[cfg(feature = "fault-injection")]
+            end_engine: tokio::sync::Notify::new(),
             started: Instant::now(),
         }
     }
@@ -175,6 +200,7 @@ impl Shared {
             dropped_durable_wakes: self.backpressure.dropped(),
             evicted_workers: self.backpressure.evicted(),
             rejected_peers: self.rejected_peers.load(Ordering::Relaxed),
+            refused_subs: self.refused_subs.load(Ordering::Relaxed),
             listener_restarts: self.listener_restarts.load(Ordering::Relaxed),
             threads,
             last_error: listener.and_then(ListenerStats::last_error),
@@ -267,6 +293,13 @@ impl MasterHub {
                 .running
                 .as_ref()
                 .is_some_and(|r| !r.thread.is_finished())
+    }
+
+    /// Fault injection (feature `fault-injection`, test builds only): aborts
+    /// the LISTEN engine's task, as a panic in it would end it.
+    #[cfg(feature = "fault-injection")]
+    pub fn end_engine(&self) {
+        self.shared.end_engine.notify_one();
     }
 
     pub fn stats(&self) -> HubStats {

@@ -65,6 +65,22 @@ impl Registry {
     pub fn queue_count(&self) -> usize {
         self.queues.len()
     }
+
+    /// How many queues `worker` is routed (its share of the LISTEN set).
+    pub fn queue_count_of(&self, worker: WorkerId) -> usize {
+        self.workers.get(&worker).map_or(0, HashSet::len)
+    }
+
+    /// True when `queue` is LISTENed for someone (a sub for it adds no channel).
+    pub fn has_queue(&self, queue: &str) -> bool {
+        self.queues.contains_key(queue)
+    }
+
+    pub fn routes(&self, worker: WorkerId, queue: &str) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|queues| queues.contains(queue))
+    }
 }
 
 #[cfg(test)]

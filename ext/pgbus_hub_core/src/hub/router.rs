@@ -75,6 +75,12 @@ struct PendingSub {
     acked: bool,
 }
 
+/// The channel caps (see [`super::DEFAULT_MAX_CHANNELS`]).
+struct Caps {
+    per_connection: usize,
+    host: usize,
+}
+
 struct Engine {
     handle: ListenerHandle,
     stats: Arc<ListenerStats>,
@@ -96,6 +102,7 @@ pub struct Router {
     /// status frame is queued to every worker, so an ack it releases follows it).
     outage: bool,
     engine: Option<Engine>,
+    caps: Caps,
     listener_config: ListenerConfig,
     commands: Commands,
     from_engine: mpsc::UnboundedSender<FromEngine>,
@@ -121,6 +128,10 @@ impl Router {
             next_worker: 1,
             outage: false,
             engine: None,
+            caps: Caps {
+                per_connection: config.max_channels_per_connection,
+                host: config.max_channels,
+            },
             listener_config: config.listener.clone(),
             commands,
             from_engine,
@@ -150,14 +161,7 @@ impl Router {
         let mut ticker = tokio::time::interval(status_interval.max(MIN_STATUS_INTERVAL));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let engine_ended = async {
-                match self.engine.as_mut() {
-                    Some(engine) => {
-                        let _ = (&mut engine.task).await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
+            let engine_ended = engine_ended(self.engine.as_mut(), &self.shared);
             tokio::select! {
                 _ = shutdown.wait() => break,
                 Some(signal) = inputs.from_engine.recv() => match signal {
@@ -270,17 +274,32 @@ impl Router {
             return; // gone before its sub was read here
         };
         self.monitors.remove(&worker_id);
+        if let Some(refusal) = self.over_cap(&worker, &queue) {
+            worker.sub_answered();
+            self.shared.refused_subs.fetch_add(1, Ordering::Relaxed);
+            if worker.first_refusal() {
+                self.shared.log.warn(format!(
+                    "{} subscribed to {queue:?}: {refusal} — refused (further refusals for this \
+                     connection are counted in refused_subs, not logged)",
+                    worker.label()
+                ));
+            }
+            return self.send(
+                &worker,
+                &Message::Nack {
+                    queue,
+                    reason: refusal,
+                },
+            );
+        }
         self.registry.add(worker_id, &queue);
-        let Some(engine) = &self.engine else {
+        if self.engine.is_none() {
             worker.sub_answered();
             return self.finish_subscribe(&worker, &queue, Err(ListenError::Stopped));
-        };
+        }
         let id = self.next_sub;
         self.next_sub += 1;
-        let from_engine = self.from_engine.clone();
-        engine.handle.listen_then(&queue, move |outcome| {
-            let _ = from_engine.send(FromEngine::Listened { id, outcome });
-        });
+        self.listen_for(id, &queue);
         let deferrable = self.listener_config.channel_for(&queue).is_ok();
         let mut pending = PendingSub {
             worker: worker_id,
@@ -294,6 +313,41 @@ impl Router {
         self.pending.insert(id, pending);
     }
 
+    /// Why a sub would pass a channel cap, if it would. A sub that adds no
+    /// channel (already routed to this worker, or LISTENed for another) passes
+    /// the host-wide cap; the per-connection cap counts this worker's queues.
+    fn over_cap(&self, worker: &Worker, queue: &str) -> Option<String> {
+        if self.registry.routes(worker.id, queue) {
+            return None;
+        }
+        let own = self.registry.queue_count_of(worker.id);
+        if own >= self.caps.per_connection {
+            return Some(format!(
+                "this connection already has the hub LISTEN on {own} channels \
+                 (max_channels_per_connection {})",
+                self.caps.per_connection
+            ));
+        }
+        let all = self.registry.queue_count();
+        if !self.registry.has_queue(queue) && all >= self.caps.host {
+            return Some(format!(
+                "the hub already LISTENs on {all} channels (max_channels {})",
+                self.caps.host
+            ));
+        }
+        None
+    }
+
+    /// Asks the engine to LISTEN for sub `id`; the answer comes back as `Listened`.
+    fn listen_for(&self, id: u64, queue: &str) {
+        if let Some(engine) = &self.engine {
+            let from_engine = self.from_engine.clone();
+            engine.handle.listen_then(queue, move |outcome| {
+                let _ = from_engine.send(FromEngine::Listened { id, outcome });
+            });
+        }
+    }
+
     fn ack_during_outage(&self, worker: &Worker, pending: &mut PendingSub) {
         self.send(worker, &Message::Ack(pending.queue.clone()));
         self.shared.log.debug(format!(
@@ -305,6 +359,13 @@ impl Router {
     }
 
     fn listened(&mut self, id: u64, outcome: Result<(), ListenError>) {
+        if let (Err(ListenError::Stopped), Some(engine)) = (&outcome, &self.engine) {
+            if !engine.handle.is_stopped() && self.pending.contains_key(&id) {
+                // The engine that had it ended and a new one runs: ask that one.
+                let queue = self.pending[&id].queue.clone();
+                return self.listen_for(id, &queue);
+            }
+        }
         let Some(pending) = self.pending.remove(&id) else {
             return;
         };
@@ -481,6 +542,26 @@ impl Router {
     }
 }
 
+/// Resolves when the engine's task ends (never while there is none).
+async fn engine_ended(engine: Option<&mut Engine>, shared: &Shared) {
+    let Some(engine) = engine else {
+        return std::future::pending().await;
+    };
+    #[cfg(feature = "fault-injection")]
+    tokio::select! {
+        _ = &mut engine.task => {}
+        () = shared.end_engine.notified() => {
+            engine.task.abort();
+            let _ = (&mut engine.task).await;
+        }
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = shared;
+        let _ = (&mut engine.task).await;
+    }
+}
+
 fn nack(queue: &str, error: &ListenError) -> Message {
     Message::Nack {
         queue: queue.to_owned(),
@@ -578,6 +659,8 @@ mod tests {
             status_interval: super::super::DEFAULT_STATUS_INTERVAL,
             durable_queue_limit: 8,
             hard_queue_limit: 8,
+            max_channels_per_connection: 8,
+            max_channels: 8,
         };
         let (mut router, _inputs) = Router::new(Arc::new(Shared::new(&config)), &config);
         let mut peers = Vec::new();

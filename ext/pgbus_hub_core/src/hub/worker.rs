@@ -11,7 +11,7 @@ use crate::protocol::{Message, STATS_KIND};
 use crate::sync::lock;
 use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::UnixStream;
@@ -39,6 +39,8 @@ pub struct Worker {
     outbox: Mutex<Outbox>,
     ready: Notify,
     pending_subs: AtomicUsize,
+    /// A cap refusal was logged for this connection already.
+    refusal_logged: AtomicBool,
 }
 
 impl Worker {
@@ -66,6 +68,7 @@ impl Worker {
             outbox: Mutex::default(),
             ready: Notify::new(),
             pending_subs: AtomicUsize::new(0),
+            refusal_logged: AtomicBool::new(false),
         });
         let (read, write) = stream.into_split();
         tokio::spawn(write_loop(
@@ -89,6 +92,11 @@ impl Worker {
     /// Wakes the writer: frames were queued.
     pub(super) fn frames_ready(&self) {
         self.ready.notify_one();
+    }
+
+    /// True the first time only: a hostile peer's refusals are logged once.
+    pub fn first_refusal(&self) -> bool {
+        !self.refusal_logged.swap(true, Ordering::Relaxed)
     }
 
     /// One of this worker's subs got its answer (or needs none any more).

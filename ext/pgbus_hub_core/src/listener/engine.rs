@@ -603,7 +603,8 @@ async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
         .get(0)
         .and_then(|pid| pid.parse::<u32>().ok())
         .unwrap_or(0);
-    if row.get(1) == Some("t") {
+    // `::text` of a boolean is "true"/"false" (the bare column would be "t").
+    if row.get(1) == Some("true") {
         return Err((
             true,
             "refusing to LISTEN on a server in recovery (a hot standby never delivers NOTIFY); \

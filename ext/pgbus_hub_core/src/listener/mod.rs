@@ -163,12 +163,25 @@ impl ListenError {
 
 /// Where a listen answer goes: an async caller's oneshot or a blocking caller's channel.
 /// Whoever asked for a LISTEN, told its outcome exactly once (run on the
-/// engine's task: it must not block).
-pub(crate) struct Reply(Box<dyn FnOnce(Result<(), ListenError>) + Send>);
+/// engine's task: it must not block). A reply dropped unsent (the engine
+/// task ended or was aborted) answers [`ListenError::Stopped`].
+pub(crate) struct Reply(Option<Answer>);
+
+type Answer = Box<dyn FnOnce(Result<(), ListenError>) + Send>;
 
 impl Reply {
-    pub(crate) fn send(self, outcome: Result<(), ListenError>) {
-        (self.0)(outcome);
+    pub(crate) fn send(mut self, outcome: Result<(), ListenError>) {
+        if let Some(answer) = self.0.take() {
+            answer(outcome);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(answer) = self.0.take() {
+            answer(Err(ListenError::Stopped));
+        }
     }
 }
 
@@ -214,7 +227,7 @@ impl ListenerHandle {
     ) {
         let command = Command::Listen {
             queue: queue.to_string(),
-            reply: Reply(Box::new(answer)),
+            reply: Reply(Some(Box::new(answer))),
         };
         if let Err(mpsc::error::SendError(Command::Listen { reply, .. })) =
             self.commands.send(command)
