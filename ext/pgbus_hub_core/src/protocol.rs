@@ -28,6 +28,25 @@ pub const MAX_NESTING: usize = 100;
 /// treat the answer as an unknown frame, so it decodes as [`Message::Unknown`].
 pub const STATS_KIND: &str = "stats";
 
+/// Our extension for raw channels (ActionCable's, any app's): a subscription
+/// names either a pgbus queue (LISTENed as prefix + queue + suffix, pgbus's
+/// frames) or a channel LISTENed verbatim (`listen`/`unlisten`/`notify`
+/// frames, and `ack`/`nack` with `"c"` instead of `"q"`). pgbus's peers never
+/// send these, so they never receive them. Inside the crate both are one
+/// string key, the routing table's: a channel's key is its name after this
+/// mark, which no LISTENable name contains (NUL is refused).
+const CHANNEL_KEY_MARK: char = '\0';
+
+/// The routing key of raw channel `channel`.
+pub fn channel_key(channel: &str) -> String {
+    format!("{CHANNEL_KEY_MARK}{channel}")
+}
+
+/// The raw channel a routing key names, if it names one (else it is a queue).
+pub fn key_channel(key: &str) -> Option<&str> {
+    key.strip_prefix(CHANNEL_KEY_MARK)
+}
+
 /// A decoded frame: a JSON object, key order preserved.
 pub type Object = Map<String, Value>;
 
@@ -62,23 +81,25 @@ impl Wake {
     }
 
     /// Durable wakes may be dropped under backpressure (the stream re-reads);
-    /// an ephemeral one is the only copy of its payload and never is.
+    /// an ephemeral one (and every raw channel's, which always carries its
+    /// payload) is the only copy of its payload and never is.
     pub fn is_droppable(&self) -> bool {
         self.payload.is_none()
     }
 
     /// The whole frame, encoded once and shareable.
     pub fn encode(&self) -> Result<Frame, ProtocolError> {
-        frame_with(|body| {
-            serde_json::to_writer(
-                body,
-                &Wire::Wake {
-                    q: &self.queue,
-                    p: self.payload.as_deref(),
-                },
-            )
-        })
-        .map(Frame::from)
+        let wire = match key_channel(&self.queue) {
+            Some(c) => Wire::Notify {
+                c,
+                p: self.payload.as_deref().unwrap_or_default(),
+            },
+            None => Wire::Wake {
+                q: &self.queue,
+                p: self.payload.as_deref(),
+            },
+        };
+        frame_with(|body| serde_json::to_writer(body, &wire)).map(Frame::from)
     }
 }
 
@@ -143,12 +164,45 @@ pub enum Message {
 #[derive(Serialize)]
 #[serde(tag = "t", rename_all = "lowercase")]
 enum Wire<'a> {
-    Sub { q: &'a str },
-    Unsub { q: &'a str },
-    Ack { q: &'a str },
-    Wake { q: &'a str, p: Option<&'a str> },
-    Status { healthy: bool },
-    Nack { q: &'a str, reason: &'a str },
+    Sub {
+        q: &'a str,
+    },
+    Unsub {
+        q: &'a str,
+    },
+    Ack {
+        q: &'a str,
+    },
+    Wake {
+        q: &'a str,
+        p: Option<&'a str>,
+    },
+    Status {
+        healthy: bool,
+    },
+    Nack {
+        q: &'a str,
+        reason: &'a str,
+    },
+    Listen {
+        c: &'a str,
+    },
+    Unlisten {
+        c: &'a str,
+    },
+    #[serde(rename = "ack")]
+    AckChannel {
+        c: &'a str,
+    },
+    #[serde(rename = "nack")]
+    NackChannel {
+        c: &'a str,
+        reason: &'a str,
+    },
+    Notify {
+        c: &'a str,
+        p: &'a str,
+    },
 }
 
 impl Message {
@@ -168,15 +222,24 @@ impl Message {
     /// The whole frame (header + body) for this message.
     pub fn encode(&self) -> Result<Vec<u8>, ProtocolError> {
         let wire = match self {
-            Self::Sub(q) => Wire::Sub { q },
-            Self::Unsub(q) => Wire::Unsub { q },
-            Self::Ack(q) => Wire::Ack { q },
-            Self::Wake(wake) => Wire::Wake {
-                q: &wake.queue,
-                p: wake.payload.as_deref(),
+            Self::Sub(q) => match key_channel(q) {
+                Some(c) => Wire::Listen { c },
+                None => Wire::Sub { q },
             },
+            Self::Unsub(q) => match key_channel(q) {
+                Some(c) => Wire::Unlisten { c },
+                None => Wire::Unsub { q },
+            },
+            Self::Ack(q) => match key_channel(q) {
+                Some(c) => Wire::AckChannel { c },
+                None => Wire::Ack { q },
+            },
+            Self::Wake(wake) => return wake.encode().map(Vec::from),
             Self::Status { healthy } => Wire::Status { healthy: *healthy },
-            Self::Nack { queue, reason } => Wire::Nack { q: queue, reason },
+            Self::Nack { queue, reason } => match key_channel(queue) {
+                Some(c) => Wire::NackChannel { c, reason },
+                None => Wire::Nack { q: queue, reason },
+            },
             Self::Unknown(object) => return encode_object(object),
         };
         frame_with(|body| serde_json::to_writer(body, &wire))
@@ -214,10 +277,25 @@ impl Message {
             Some(Value::String(value)) => Ok(value),
             _ => Err(bad(field)),
         };
+        // A queue ("q"), or with our extension a raw channel ("c"), as a routing key.
+        let subject = |object: &mut Object| match (object.remove("q"), object.remove("c")) {
+            (Some(Value::String(q)), None) => Ok(q),
+            (None, Some(Value::String(c))) => Ok(channel_key(&c)),
+            _ => Err(bad("q")),
+        };
         Ok(match kind.as_str() {
             "sub" => Self::Sub(take_string("q")?),
             "unsub" => Self::Unsub(take_string("q")?),
-            "ack" => Self::Ack(take_string("q")?),
+            "listen" => Self::Sub(channel_key(&take_string("c")?)),
+            "unlisten" => Self::Unsub(channel_key(&take_string("c")?)),
+            "notify" => {
+                let payload = take_string("p")?;
+                Self::Wake(Wake {
+                    queue: Arc::from(channel_key(&take_string("c")?)),
+                    payload: Some(Arc::from(payload)),
+                })
+            }
+            "ack" => Self::Ack(subject(&mut object)?),
             "wake" => {
                 let payload = match object.remove("p") {
                     None | Some(Value::Null) => None,
@@ -233,7 +311,7 @@ impl Message {
             "nack" => {
                 let reason = take_string("reason")?;
                 Self::Nack {
-                    queue: take_string("q")?,
+                    queue: subject(&mut object)?,
                     reason,
                 }
             }
@@ -468,6 +546,37 @@ mod tests {
         let object = decoder.next_frame().unwrap().unwrap();
         assert_eq!(Message::from_object(object).unwrap(), message);
         assert!(!decoder.has_partial_frame());
+    }
+
+    #[test]
+    fn raw_channel_frames_use_c_and_decode_to_channel_keys() {
+        let key = channel_key("room");
+        let cases = [
+            (Message::Sub(key.clone()), r#"{"t":"listen","c":"room"}"#),
+            (
+                Message::Unsub(key.clone()),
+                r#"{"t":"unlisten","c":"room"}"#,
+            ),
+            (Message::Ack(key.clone()), r#"{"t":"ack","c":"room"}"#),
+            (
+                Message::Nack {
+                    queue: key.clone(),
+                    reason: "no".into(),
+                },
+                r#"{"t":"nack","c":"room","reason":"no"}"#,
+            ),
+            (
+                Message::Wake(Wake::new(key.as_str(), Some(""))),
+                r#"{"t":"notify","c":"room","p":""}"#,
+            ),
+        ];
+        for (message, body) in cases {
+            let frame = message.encode().unwrap();
+            assert_eq!(&frame[HEADER_BYTES..], body.as_bytes());
+            assert_eq!(Message::decode(body.as_bytes()).unwrap(), message);
+        }
+        assert_eq!(key_channel(&key), Some("room"));
+        assert_eq!(key_channel("room"), None);
     }
 
     #[test]

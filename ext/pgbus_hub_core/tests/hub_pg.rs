@@ -34,6 +34,9 @@ struct Fixture {
     url: String,
     dir: PathBuf,
     sql: postgres::Client,
+    /// This fixture's hubs' application_name: the census counts only them
+    /// (other tests and runs on the server have their own).
+    tag: String,
 }
 
 impl Fixture {
@@ -47,18 +50,27 @@ impl Fixture {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        static FIXTURES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let tag = format!(
+            "pgbus-listen-{}-{}",
+            std::process::id(),
+            FIXTURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         Some(Self {
             _serial: serial,
             url,
             dir,
             sql,
+            tag,
         })
     }
 
     fn config(&self, name: &str) -> HubConfig {
         HubConfig {
             listener: ListenerConfig {
-                connection: ConnectionOptions::parse(&self.url).unwrap(),
+                connection: ConnectionOptions::parse(&self.url)
+                    .unwrap()
+                    .with_application_name(&self.tag),
                 health_check: Duration::from_millis(100),
                 channel_prefix: "pgmq.q_".into(),
                 channel_suffix: ".INSERT".into(),
@@ -85,10 +97,8 @@ impl Fixture {
     fn census(&mut self) -> i64 {
         self.sql
             .query_one(
-                // This run's database only: other runs on the server have their own.
-                "select count(*) from pg_stat_activity where application_name = 'pgbus-listen' \
-                 and datname = current_database()",
-                &[],
+                "select count(*) from pg_stat_activity where application_name = $1",
+                &[&self.tag],
             )
             .unwrap()
             .get(0)
@@ -757,4 +767,67 @@ fn an_ended_engine_is_restarted_and_relistens_every_channel() {
     // The ended engine's connection is closed: still one per host.
     wait_until("census 1", || fx.census() == 1);
     assert_eq!(hub.stats().channels, 3);
+}
+
+/// Raw channels (ActionCable's) beside pgbus's queues, over the one LISTEN
+/// connection: `listen`/`notify` frames, verbatim payloads (empty stays empty).
+#[test]
+fn raw_channels_and_queues_share_one_connection() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("raw")).unwrap();
+    let mut cable = Peer::connect(&hub);
+    let mut streams = Peer::connect(&hub);
+    streams.subscribe("orders");
+    let room = "cable_room:42";
+    let frame = |json: &str| {
+        let mut bytes = (json.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes
+    };
+    cable
+        .stream
+        .write_all(&frame(&format!(r#"{{"t":"listen","c":"{room}"}}"#)))
+        .unwrap();
+    let ack = cable.next_non_status().expect("an ack");
+    assert_eq!(
+        ack.encode().unwrap(),
+        frame(&format!(r#"{{"t":"ack","c":"{room}"}}"#))
+    );
+    fx.sql
+        .execute("select pg_notify($1, $2)", &[&room, &"<p>hi</p>"])
+        .unwrap();
+    fx.sql
+        .execute("select pg_notify($1, '')", &[&room])
+        .unwrap();
+    fx.notify("orders", "");
+    for payload in ["<p>hi</p>", ""] {
+        let wake = cable.next_non_status().expect("a notify");
+        assert_eq!(
+            wake.encode().unwrap(),
+            frame(&format!(r#"{{"t":"notify","c":"{room}","p":"{payload}"}}"#))
+        );
+    }
+    streams.expect_wake("orders", None);
+    assert_eq!(fx.census(), 1);
+
+    // A raw channel in the queues' namespace is refused by name, the peer kept.
+    cable
+        .stream
+        .write_all(&frame(r#"{"t":"listen","c":"pgmq.q_orders.INSERT"}"#))
+        .unwrap();
+    let nack = cable.next_non_status().expect("a nack");
+    let Message::Nack { reason, .. } = &nack else {
+        panic!("expected a nack, got {nack:?}")
+    };
+    assert!(reason.contains("is a queue's channel"), "{reason}");
+    let encoded = String::from_utf8(nack.encode().unwrap()[4..].to_vec()).unwrap();
+    assert!(
+        encoded.starts_with(r#"{"t":"nack","c":"pgmq.q_orders.INSERT","reason":"#),
+        "{encoded}"
+    );
+    cable
+        .stream
+        .write_all(&frame(&format!(r#"{{"t":"unlisten","c":"{room}"}}"#)))
+        .unwrap();
+    wait_until("raw channel unlistened", || hub.stats().channels == 1);
 }

@@ -9,6 +9,10 @@ fn message() -> impl Strategy<Value = Message> {
         any::<String>().prop_map(Message::Unsub),
         any::<String>().prop_map(Message::Ack),
         (any::<String>(), proptest::option::of(any::<String>()))
+            // A raw channel's wake always carries its payload (see protocol::channel_key).
+            .prop_filter("raw wakes carry a payload", |(queue, payload)| {
+                !queue.starts_with('\0') || payload.is_some()
+            })
             .prop_map(|(queue, payload)| Message::Wake(Wake::new(queue, payload))),
         any::<bool>().prop_map(|healthy| Message::Status { healthy }),
         (any::<String>(), any::<String>())

@@ -12,7 +12,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
-use crate::protocol::Wake;
+use crate::protocol::{key_channel, Wake};
 use crate::shutdown::Shutdown;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
@@ -380,7 +380,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         match self.channels.get(channel) {
             Some(queue) => {
                 self.stats.notifications.fetch_add(1, Ordering::Relaxed);
-                let payload = (!payload.is_empty()).then(|| Arc::from(payload));
+                // A queue's empty payload is a durable wake; a raw channel's
+                // payload is delivered as it is, empty or not.
+                let payload = (!payload.is_empty() || key_channel(queue).is_some())
+                    .then(|| Arc::from(payload));
                 let queue = queue.clone();
                 (self.on_event)(Event::Wake(Wake { queue, payload }));
             }

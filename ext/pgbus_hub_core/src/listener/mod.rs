@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::conninfo::ConnectionOptions;
 use crate::log::LogSink;
-use crate::protocol::Wake;
+use crate::protocol::{key_channel, Wake};
 use crate::shutdown::{shutdown, ShutdownTrigger};
 use crate::sync::lock;
 
@@ -71,12 +71,23 @@ impl ListenerConfig {
         }
     }
 
-    /// The channel for `queue`, or why it cannot be LISTENed.
-    pub fn channel_for(&self, queue: &str) -> Result<String, ListenError> {
-        if queue.is_empty() {
+    /// The channel for routing key `key` (a queue, or a raw channel: see
+    /// [`crate::protocol::channel_key`]), or why it cannot be LISTENed.
+    pub fn channel_for(&self, key: &str) -> Result<String, ListenError> {
+        let channel = match key_channel(key) {
+            Some(raw) => {
+                if self.is_queue_channel(raw) {
+                    return Err(ListenError::QueueChannel {
+                        channel: raw.to_owned(),
+                    });
+                }
+                raw.to_owned()
+            }
+            None => format!("{}{key}{}", self.channel_prefix, self.channel_suffix),
+        };
+        if channel.is_empty() || key.is_empty() {
             return Err(ListenError::EmptyName);
         }
-        let channel = format!("{}{queue}{}", self.channel_prefix, self.channel_suffix);
         if channel.len() > MAX_CHANNEL_BYTES {
             let bytes = channel.len();
             return Err(ListenError::NameTooLong { channel, bytes });
@@ -85,6 +96,16 @@ impl ListenerConfig {
             return Err(ListenError::ContainsNul { channel });
         }
         Ok(channel)
+    }
+
+    /// A raw channel in the queues' namespace would be LISTENed twice over
+    /// one connection under two keys; it is refused (subscribe to the queue).
+    fn is_queue_channel(&self, channel: &str) -> bool {
+        let (prefix, suffix) = (&self.channel_prefix, &self.channel_suffix);
+        !(prefix.is_empty() && suffix.is_empty())
+            && channel.len() >= prefix.len() + suffix.len()
+            && channel.starts_with(prefix.as_str())
+            && channel.ends_with(suffix.as_str())
     }
 }
 
@@ -105,6 +126,10 @@ pub enum ListenError {
     },
     /// PostgreSQL identifiers cannot contain NUL.
     ContainsNul {
+        channel: String,
+    },
+    /// A raw channel named like a queue's channel (prefix + name + suffix).
+    QueueChannel {
         channel: String,
     },
     /// The engine stopped (or ended) before the LISTEN ran.
@@ -136,6 +161,10 @@ impl fmt::Display for ListenError {
             Self::ContainsNul { channel } => {
                 write!(f, "channel name {channel:?} contains a NUL byte")
             }
+            Self::QueueChannel { channel } => write!(
+                f,
+                "channel {channel:?} is a queue's channel (prefix + queue + suffix): subscribe to the queue"
+            ),
             Self::Stopped => f.write_str("the listener stopped before LISTEN ran"),
             Self::Timeout => f.write_str("timed out waiting for LISTEN to run"),
             Self::Withdrawn { channel } => {
@@ -156,7 +185,10 @@ impl ListenError {
     pub fn is_invalid_name(&self) -> bool {
         matches!(
             self,
-            Self::EmptyName | Self::NameTooLong { .. } | Self::ContainsNul { .. }
+            Self::EmptyName
+                | Self::NameTooLong { .. }
+                | Self::ContainsNul { .. }
+                | Self::QueueChannel { .. }
         )
     }
 }
