@@ -2,7 +2,7 @@
 //! classes use comes from the core, defined once.
 
 use magnus::{function, prelude::*, Error, RModule, Ruby};
-use pgbus_hub_core::{client, hub, listener};
+use pgbus_hub_core::{client, hub, listener, protocol};
 use std::time::Duration;
 
 fn listen_ack_timeout(health_check_ms: u64) -> f64 {
@@ -18,6 +18,12 @@ fn socket_name(pid: magnus::Value) -> Result<String, Error> {
     Ok(hub::socket_file_name(
         &pid.funcall::<_, _, String>("to_s", ())?,
     ))
+}
+
+/// `Pgbus::Hub.channel_key(name)`: what `ensure_listening` takes to LISTEN on
+/// raw channel `name` (verbatim, ActionCable's) instead of a pgbus queue.
+fn channel_key(name: String) -> String {
+    protocol::channel_key(&name)
 }
 
 pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
@@ -57,6 +63,11 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     defaults.freeze();
     hub_module.const_set("DEFAULTS", defaults)?;
     hub_module.const_set("DEFAULT_SOCKET_ENV", hub::SOCKET_ENV)?;
+    // Raw channels (ActionCable): their routing key, and large payloads' storage.
+    hub_module.define_module_function("channel_key", function!(channel_key, 1))?;
+    hub_module.const_set("LARGE_PAYLOAD_MARK", protocol::LARGE_PAYLOAD_MARK)?;
+    hub_module.const_set("LARGE_PAYLOAD_TABLE", protocol::LARGE_PAYLOAD_TABLE)?;
+    hub_module.const_set("LARGE_PAYLOAD_DDL", protocol::large_payload_ddl())?;
     hub_module.define_module_function("socket_name", function!(socket_name, 1))?;
     hub_module.define_module_function("listen_ack_timeout", function!(listen_ack_timeout, 1))?;
     hub_module.define_module_function("hub_ack_timeout", function!(hub_ack_timeout, 1))?;

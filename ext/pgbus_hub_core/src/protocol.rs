@@ -37,6 +37,25 @@ pub const STATS_KIND: &str = "stats";
 /// mark, which no LISTENable name contains (NUL is refused).
 const CHANNEL_KEY_MARK: char = '\0';
 
+/// A raw channel's NOTIFY payload that stands for a larger one (PostgreSQL
+/// refuses payloads of 8000 bytes or more): this mark, then the id of a row
+/// of [`LARGE_PAYLOAD_TABLE`] holding the payload. The listener reads the row
+/// once and delivers its payload in the NOTIFY's place. A real broadcast never
+/// starts with it: U+0001 appears escaped, never raw, in JSON text.
+pub const LARGE_PAYLOAD_MARK: &str = "\u{1}pgbus-hub:";
+
+/// Where broadcasters store payloads too large for NOTIFY (created by the
+/// first large broadcast, rows removed after a bounded time by the broadcasters).
+pub const LARGE_PAYLOAD_TABLE: &str = "pgbus_hub_large_payloads";
+
+/// The table's definition, for broadcasters to create it on first use.
+pub fn large_payload_ddl() -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {LARGE_PAYLOAD_TABLE} (id bigserial PRIMARY KEY, \
+         payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+    )
+}
+
 /// The routing key of raw channel `channel`.
 pub fn channel_key(channel: &str) -> String {
     format!("{CHANNEL_KEY_MARK}{channel}")

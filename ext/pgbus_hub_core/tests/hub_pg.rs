@@ -831,3 +831,53 @@ fn raw_channels_and_queues_share_one_connection() {
         .unwrap();
     wait_until("raw channel unlistened", || hub.stats().channels == 1);
 }
+
+/// A payload past NOTIFY's 8000-byte limit, stored by its broadcaster: the
+/// hub reads the row once and every subscriber gets the whole payload, in order.
+#[test]
+fn a_large_payload_is_read_once_and_fanned_out_in_order() {
+    use pgbus_hub_core::protocol::{large_payload_ddl, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
+    let Some(mut fx) = Fixture::new() else { return };
+    fx.sql.batch_execute(&large_payload_ddl()).unwrap();
+    let hub = MasterHub::start(fx.config("large")).unwrap();
+    let channel = format!("cable_large_{}", std::process::id());
+    let mut peers: Vec<Peer> = (0..3).map(|_| Peer::connect(&hub)).collect();
+    for peer in &mut peers {
+        peer.send(Message::Sub(pgbus_hub_core::protocol::channel_key(
+            &channel,
+        )));
+        assert!(matches!(peer.next_non_status(), Some(Message::Ack(_))));
+    }
+    let large = "x".repeat(100 * 1024);
+    let id: i64 = fx
+        .sql
+        .query_one(
+            &format!("INSERT INTO {LARGE_PAYLOAD_TABLE} (payload) VALUES ($1) RETURNING id"),
+            &[&large],
+        )
+        .unwrap()
+        .get(0);
+    for payload in [
+        format!("{LARGE_PAYLOAD_MARK}{id}"),
+        format!("{LARGE_PAYLOAD_MARK}-1"),
+        "after".into(),
+    ] {
+        fx.sql
+            .execute("select pg_notify($1, $2)", &[&channel, &payload])
+            .unwrap();
+    }
+    for peer in &mut peers {
+        for expected in [large.as_str(), "after"] {
+            match peer.next_non_status() {
+                Some(Message::Wake(wake)) => assert_eq!(wake.payload.as_deref(), Some(expected)),
+                other => panic!("expected a notify, got {other:?}"),
+            }
+        }
+    }
+    fx.sql
+        .execute(
+            &format!("DELETE FROM {LARGE_PAYLOAD_TABLE} WHERE id = $1"),
+            &[&id],
+        )
+        .unwrap();
+}

@@ -12,7 +12,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
-use crate::protocol::{key_channel, Wake};
+use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
@@ -357,7 +357,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
                 message = session.messages.recv() => match message {
                     Some(ServerMessage::Notification(notification)) => {
-                        self.notify(notification.channel(), notification.payload());
+                        if let Some(exit) = self.notify(session, notification.channel(), notification.payload()).await {
+                            return exit;
+                        }
                         tick.reset();
                     }
                     Some(ServerMessage::Lost(reason)) => return Exit::Lost(reason),
@@ -376,21 +378,70 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    fn notify(&mut self, channel: &str, payload: &str) {
-        match self.channels.get(channel) {
-            Some(queue) => {
-                self.stats.notifications.fetch_add(1, Ordering::Relaxed);
-                // A queue's empty payload is a durable wake; a raw channel's
-                // payload is delivered as it is, empty or not.
-                let payload = (!payload.is_empty() || key_channel(queue).is_some())
-                    .then(|| Arc::from(payload));
-                let queue = queue.clone();
-                (self.on_event)(Event::Wake(Wake { queue, payload }));
+    /// Delivers one NOTIFY on a LISTENed channel. Inline, in order: a large
+    /// payload's row is read before anything after it is delivered.
+    async fn notify(&mut self, session: &Connected, channel: &str, payload: &str) -> Option<Exit> {
+        let Some(queue) = self.channels.get(channel).cloned() else {
+            self.stats
+                .ignored_notifications
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        self.stats.notifications.fetch_add(1, Ordering::Relaxed);
+        let payload: Option<Arc<str>> = match key_channel(&queue) {
+            // A queue's empty payload is a durable wake.
+            None => (!payload.is_empty()).then(|| Arc::from(payload)),
+            Some(raw) => match payload.strip_prefix(LARGE_PAYLOAD_MARK) {
+                // A raw channel's payload is delivered as it is, empty or not.
+                None => Some(Arc::from(payload)),
+                Some(id) => match self.large_payload(session, raw, id).await {
+                    Ok(Some(large)) => Some(Arc::from(large)),
+                    Ok(None) => return None,
+                    Err(exit) => return Some(exit),
+                },
+            },
+        };
+        (self.on_event)(Event::Wake(Wake { queue, payload }));
+        None
+    }
+
+    /// The payload a large broadcast stored; None (logged) when it cannot be
+    /// had. (`&mut self`: the engine is Send, not Sync.)
+    async fn large_payload(
+        &mut self,
+        session: &Connected,
+        channel: &str,
+        id: &str,
+    ) -> Result<Option<String>, Exit> {
+        let Ok(id) = id.parse::<i64>() else {
+            self.config.log.warn(format!(
+                "pgbus-hub listener: a NOTIFY on {channel:?} carries a malformed large-payload reference — not delivered"
+            ));
+            return Ok(None);
+        };
+        let sql = format!("SELECT payload FROM {LARGE_PAYLOAD_TABLE} WHERE id = $1");
+        match op(
+            self.shutdown.clone(),
+            session.client.query_opt(&sql, &[&id]),
+            PROBE_TIMEOUT,
+        )
+        .await
+        {
+            Ok(Some(row)) => Ok(Some(row.get(0))),
+            Ok(None) => {
+                self.config.log.warn(format!(
+                    "pgbus-hub listener: large payload {id} for {channel:?} is gone from {LARGE_PAYLOAD_TABLE} \
+                     (removed after its retention) — not delivered"
+                ));
+                Ok(None)
             }
-            None => {
-                self.stats
-                    .ignored_notifications
-                    .fetch_add(1, Ordering::Relaxed);
+            Err(OpError::Stopped) => Err(Exit::Stop),
+            Err(error) => {
+                self.config.log.warn(format!(
+                    "pgbus-hub listener: reading large payload {id} for {channel:?} failed: {} — not delivered",
+                    op_reason(&error)
+                ));
+                Ok(None)
             }
         }
     }
