@@ -748,14 +748,23 @@ fn parse_keywords(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
 impl fmt::Display for ConnectionOptions {
     /// `host=... port=... dbname=... user=... application_name=... sslmode=...`; never the password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hosts: Vec<String> = self
+        let hosts: Vec<String> = self.config.get_hosts().iter().map(host_text).collect();
+        let hostaddrs: Vec<String> = self
             .config
-            .get_hosts()
+            .get_hostaddrs()
             .iter()
-            .map(host_text)
-            .chain(self.config.get_hostaddrs().iter().map(|a| a.to_string()))
+            .map(|a| a.to_string())
             .collect();
-        write!(f, "host={}", hosts.join(","))?;
+        match (hosts.is_empty(), hostaddrs.is_empty()) {
+            (false, false) => write!(
+                f,
+                "host={} hostaddr={}",
+                hosts.join(","),
+                hostaddrs.join(",")
+            )?,
+            (true, _) => write!(f, "hostaddr={}", hostaddrs.join(","))?,
+            (false, true) => write!(f, "host={}", hosts.join(","))?,
+        }
         let ports: Vec<String> = self.config.get_ports().iter().map(u16::to_string).collect();
         write!(
             f,

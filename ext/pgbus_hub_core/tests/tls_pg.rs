@@ -1,0 +1,264 @@
+//! Connecting like libpq, against a real private PostgreSQL 15 with TLS (no
+//! mocks): sslmode verify-full / verify-ca / require / allow / prefer,
+//! sslrootcert, client certificates, sslcrl, the password file and the
+//! service file. Each test has its own cluster, port and temp directory
+//! (see `support_tls`). Every path is given by keyword (`sslrootcert=`,
+//! `passfile=`, `servicefile=`...), so no test touches the environment and
+//! tests can run in parallel. Without PostgreSQL 15, openssl or runuser,
+//! each test prints "skipping" and passes.
+
+mod support_tls;
+
+use std::path::Path;
+use std::time::Duration;
+
+use pgbus_hub_core::conninfo::ConnectionOptions;
+use support_tls::{
+    missing_tools, set_mode, PrivateCluster, CERT_ROLE, PASSWORD, PASSWORD_ROLE, PLAIN_ONLY_ROLE,
+    TLS_TRUST_ROLE,
+};
+
+fn cluster() -> Option<PrivateCluster> {
+    if let Some(why) = missing_tools() {
+        println!("skipping: {why}");
+        return None;
+    }
+    Some(PrivateCluster::start())
+}
+
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// What the session reports once connected: (current_user, TLS in use).
+type Session = (String, bool);
+
+/// Connect with `options` (a keyword string) and report the session, or the error text.
+fn connect(options: &str) -> Result<Session, String> {
+    let options = ConnectionOptions::parse(options).map_err(|e| e.to_string())?;
+    block_on(async {
+        let connected = options.connect().await.map_err(|e| e.to_string())?;
+        let row = connected
+            .client
+            .query_one(
+                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let session = (row.get(0), row.get(1));
+        connected.close(Duration::from_millis(100)).await;
+        Ok(session)
+    })
+}
+
+fn connect_ok(options: &str) -> Session {
+    connect(options).unwrap_or_else(|e| panic!("{options}: {e}"))
+}
+
+fn connect_err(options: &str) -> String {
+    match connect(options) {
+        Ok(session) => panic!("{options}: connected as {session:?}, expected an error"),
+        Err(error) => {
+            println!("refused as expected: {error}");
+            error
+        }
+    }
+}
+
+fn assert_contains(text: &str, wanted: &str) {
+    assert!(text.contains(wanted), "expected {wanted:?} in: {text}");
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Options for `role` on the cluster, verify-full against its CA.
+fn verify_full_to_localhost(pg: &PrivateCluster, role: &str) -> String {
+    format!(
+        "host=localhost port={} user={role} dbname=postgres sslmode=verify-full sslrootcert={}",
+        pg.port,
+        path(&pg.certs.ca)
+    )
+}
+
+#[test]
+fn verify_full_connects_with_the_right_ca_to_localhost_and_its_ip() {
+    let Some(pg) = cluster() else { return };
+    let ca = path(&pg.certs.ca);
+    for host in ["localhost", "127.0.0.1"] {
+        let options = format!(
+            "host={host} port={} user={TLS_TRUST_ROLE} dbname=postgres sslmode=verify-full sslrootcert={ca}",
+            pg.port
+        );
+        assert_eq!(connect_ok(&options), (TLS_TRUST_ROLE.to_string(), true));
+    }
+    // The URL form, sslsni=0 changes nothing the server checks.
+    let url = format!(
+        "postgresql://{TLS_TRUST_ROLE}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}&sslsni=0",
+        pg.port
+    );
+    assert_eq!(connect_ok(&url), (TLS_TRUST_ROLE.to_string(), true));
+}
+
+#[test]
+fn verify_full_refuses_a_wrong_ca_and_a_host_name_the_certificate_lacks() {
+    let Some(pg) = cluster() else { return };
+    let base = format!("port={} user={TLS_TRUST_ROLE} dbname=postgres", pg.port);
+    let wrong_ca = connect_err(&format!(
+        "host=localhost {base} sslmode=verify-full sslrootcert={}",
+        path(&pg.certs.wrong_ca)
+    ));
+    assert_contains(&wrong_ca, "invalid peer certificate: UnknownIssuer");
+    // The name checked is `host`, not `hostaddr` (which only routes the TCP connection).
+    let mismatch = connect_err(&format!(
+        "host=db.invalid hostaddr=127.0.0.1 {base} sslmode=verify-full sslrootcert={}",
+        path(&pg.certs.ca)
+    ));
+    assert_contains(&mismatch, "certificate not valid for name \"db.invalid\"");
+}
+
+/// `mode` checks the chain (a wrong CA is refused) but not the name.
+fn checks_the_chain_but_not_the_name(mode: &str) {
+    let Some(pg) = cluster() else { return };
+    let base = format!(
+        "host=db.invalid hostaddr=127.0.0.1 port={} user={TLS_TRUST_ROLE} dbname=postgres sslmode={mode}",
+        pg.port
+    );
+    let wrong = connect_err(&format!("{base} sslrootcert={}", path(&pg.certs.wrong_ca)));
+    assert_contains(&wrong, "UnknownIssuer");
+    let right = connect_ok(&format!("{base} sslrootcert={}", path(&pg.certs.ca)));
+    assert_eq!(right, (TLS_TRUST_ROLE.to_string(), true));
+}
+
+#[test]
+fn verify_ca_accepts_a_name_mismatch_but_not_a_wrong_ca() {
+    checks_the_chain_but_not_the_name("verify-ca");
+}
+
+/// libpq: "if a root CA file exists, the behavior of sslmode=require will be
+/// the same as that of verify-ca".
+#[test]
+fn require_with_a_root_certificate_checks_the_chain_like_verify_ca() {
+    checks_the_chain_but_not_the_name("require");
+}
+
+#[test]
+fn sslcrl_revoking_the_server_certificate_refuses_it() {
+    let Some(pg) = cluster() else { return };
+    let base = verify_full_to_localhost(&pg, TLS_TRUST_ROLE);
+    let revoked = connect_err(&format!(
+        "{base} sslcrl={}",
+        path(&pg.certs.crl_revoking_server)
+    ));
+    assert_contains(&revoked, "Revoked");
+    let fine = connect_ok(&format!("{base} sslcrl={}", path(&pg.certs.crl_empty)));
+    assert_eq!(fine, (TLS_TRUST_ROLE.to_string(), true));
+    // sslcrldir: every CRL file of the directory.
+    let dir = pg.scratch("crldir");
+    std::fs::copy(&pg.certs.crl_revoking_server, dir.join("a.r0")).unwrap();
+    let revoked = connect_err(&format!("{base} sslcrldir={}", path(&dir)));
+    assert_contains(&revoked, "Revoked");
+}
+
+#[test]
+fn client_certificate_authenticates_its_role_and_nothing_else_does() {
+    let Some(pg) = cluster() else { return };
+    let base = verify_full_to_localhost(&pg, CERT_ROLE);
+    let with_cert = format!(
+        "{base} sslcert={} sslkey={}",
+        path(&pg.certs.client_cert),
+        path(&pg.certs.client_key)
+    );
+    assert_eq!(connect_ok(&with_cert), (CERT_ROLE.to_string(), true));
+    // A named certificate that does not exist means none is sent (libpq);
+    // the server then refuses the `cert` role.
+    let without = connect_err(&format!(
+        "{base} sslcert={}",
+        path(&pg.root.join("absent.crt"))
+    ));
+    assert_contains(&without, "connection requires a valid client certificate");
+    // libpq's key-file permission rule, with a clear error before any connection.
+    let open_key = pg.scratch("openkey").join("client.key");
+    std::fs::copy(&pg.certs.client_key, &open_key).unwrap();
+    set_mode(&open_key, 0o644);
+    let error = connect_err(&format!(
+        "{base} sslcert={} sslkey={}",
+        path(&pg.certs.client_cert),
+        path(&open_key)
+    ));
+    assert_contains(&error, "has group or world access");
+}
+
+#[test]
+fn password_file_supplies_the_password_only_when_private() {
+    let Some(pg) = cluster() else { return };
+    // libpq's format: host:port:database:user:password; the first match wins.
+    let matching = format!("localhost:{}:*:{PASSWORD_ROLE}:{PASSWORD}", pg.port);
+    let passfile = pg.scratch_file(
+        "pgpass",
+        &format!("# test\nother:*:*:*:wrong\n{matching}\n"),
+    );
+    set_mode(&passfile, 0o600);
+    let url = format!(
+        "postgresql://{PASSWORD_ROLE}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}&passfile={}",
+        pg.port,
+        path(&pg.certs.ca),
+        path(&passfile)
+    );
+    assert_eq!(connect_ok(&url), (PASSWORD_ROLE.to_string(), true));
+    // Group/world-readable: ignored (a warning is logged), so no password is
+    // sent and the server's password request fails.
+    set_mode(&passfile, 0o644);
+    let error = connect_err(&url);
+    assert_contains(&error, "password missing");
+    assert!(!error.contains(PASSWORD), "{error}");
+}
+
+#[test]
+fn service_file_supplies_host_port_and_dbname() {
+    let Some(pg) = cluster() else { return };
+    let file = pg.scratch_file(
+        "pg_service.conf",
+        &format!(
+            "[other]\nhost=db.invalid\n[hub]\nhost=localhost\nport={}\ndbname=postgres\n\
+             sslmode=verify-full\nsslrootcert={}\nuser={CERT_ROLE}\n",
+            pg.port,
+            path(&pg.certs.ca)
+        ),
+    );
+    // Explicit options win over the service's (user here).
+    let options = format!(
+        "service=hub servicefile={} user={TLS_TRUST_ROLE}",
+        path(&file)
+    );
+    assert_eq!(connect_ok(&options), (TLS_TRUST_ROLE.to_string(), true));
+    let error = connect_err(&format!("service=absent servicefile={}", path(&file)));
+    assert_contains(&error, "definition of service \"absent\" not found");
+}
+
+#[test]
+fn allow_and_prefer_make_the_second_attempt_libpq_makes() {
+    let Some(pg) = cluster() else { return };
+    let host = format!("host=localhost port={} dbname=postgres", pg.port);
+    // allow: plain first; this role has only a hostssl line, so TLS second.
+    let allow = connect_ok(&format!("{host} user={TLS_TRUST_ROLE} sslmode=allow"));
+    assert_eq!(allow, (TLS_TRUST_ROLE.to_string(), true));
+    // prefer: TLS first; this role has only a hostnossl line, so plain second.
+    let prefer = connect_ok(&format!("{host} user={PLAIN_ONLY_ROLE} sslmode=prefer"));
+    assert_eq!(prefer, (PLAIN_ONLY_ROLE.to_string(), false));
+    // prefer with a root certificate checks the chain; a failed check falls back to plain too.
+    let checked = connect_ok(&format!(
+        "{host} user={PLAIN_ONLY_ROLE} sslmode=prefer sslrootcert={}",
+        path(&pg.certs.wrong_ca)
+    ));
+    assert_eq!(checked, (PLAIN_ONLY_ROLE.to_string(), false));
+    // Both attempts' reasons are shown when both fail.
+    let error = connect_err(&format!("{host} user=nobody_here sslmode=prefer"));
+    assert_contains(&error, "then without TLS");
+}
