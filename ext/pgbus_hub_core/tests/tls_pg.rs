@@ -262,3 +262,132 @@ fn allow_and_prefer_make_the_second_attempt_libpq_makes() {
     let error = connect_err(&format!("{host} user=nobody_here sslmode=prefer"));
     assert_contains(&error, "then without TLS");
 }
+
+/// The environment and the home directory (`PGSSLMODE`, `PGSERVICE`,
+/// `PGSERVICEFILE`, `PGSYSCONFDIR`, `~/.postgresql/root.crt`,
+/// `~/.postgresql/postgresql.crt`/`.key`, `~/.pgpass`) are process-wide, so
+/// the checks that set them run in a child process of their own: this test
+/// binary again, running only [`environment_and_home_defaults_child`].
+#[test]
+fn environment_and_home_defaults_like_libpq() {
+    if let Some(why) = missing_tools() {
+        println!("skipping: {why}");
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "environment_and_home_defaults_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by environment_and_home_defaults_like_libpq"]
+fn environment_and_home_defaults_child() {
+    let Some(pg) = cluster() else { return };
+    let home = pg.scratch("home");
+    let dot_postgresql = home.join(".postgresql");
+    std::fs::create_dir(&dot_postgresql).unwrap();
+    // Only this process's thread runs now: setting the environment is safe.
+    std::env::set_var("HOME", &home);
+    for name in [
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGSSLCERT",
+        "PGSSLKEY",
+        "PGPASSFILE",
+    ] {
+        std::env::remove_var(name);
+    }
+    let localhost = format!("host=localhost port={} dbname=postgres", pg.port);
+    let trust = format!("{localhost} user={TLS_TRUST_ROLE}");
+    let root_crt = dot_postgresql.join("root.crt");
+
+    // require + ~/.postgresql/root.crt behaves as verify-ca.
+    std::fs::copy(&pg.certs.wrong_ca, &root_crt).unwrap();
+    assert_contains(
+        &connect_err(&format!("{trust} sslmode=require")),
+        "UnknownIssuer",
+    );
+    std::fs::copy(&pg.certs.ca, &root_crt).unwrap();
+    let mismatch = format!(
+        "host=db.invalid hostaddr=127.0.0.1 port={} dbname=postgres user={TLS_TRUST_ROLE}",
+        pg.port
+    );
+    assert_eq!(
+        connect_ok(&format!("{mismatch} sslmode=require")),
+        (TLS_TRUST_ROLE.to_string(), true)
+    );
+
+    // PGSSLMODE applies when the options name no sslmode; the options win.
+    std::env::set_var("PGSSLMODE", "verify-full");
+    assert_contains(&connect_err(&mismatch), "not valid for name");
+    assert_eq!(
+        connect_ok(&format!("{mismatch} sslmode=verify-ca")),
+        (TLS_TRUST_ROLE.to_string(), true)
+    );
+    // Without any root certificate, verify-full is refused before connecting.
+    std::fs::remove_file(&root_crt).unwrap();
+    assert_contains(&connect_err(&trust), "root.crt\" does not exist");
+    std::env::set_var("PGSSLROOTCERT", &pg.certs.ca);
+    assert_eq!(connect_ok(&trust), (TLS_TRUST_ROLE.to_string(), true));
+
+    // The default client certificate is sent when ~/.postgresql/postgresql.crt exists.
+    let cert_role = format!("{localhost} user={CERT_ROLE}");
+    assert_contains(
+        &connect_err(&cert_role),
+        "connection requires a valid client certificate",
+    );
+    std::fs::copy(&pg.certs.client_cert, dot_postgresql.join("postgresql.crt")).unwrap();
+    let key = dot_postgresql.join("postgresql.key");
+    std::fs::copy(&pg.certs.client_key, &key).unwrap();
+    set_mode(&key, 0o640);
+    assert_contains(&connect_err(&cert_role), "has group or world access");
+    set_mode(&key, 0o600);
+    assert_eq!(connect_ok(&cert_role), (CERT_ROLE.to_string(), true));
+
+    // ~/.pgpass when no password is given.
+    let pgpass = home.join(".pgpass");
+    let line = format!(
+        "localhost:{}:postgres:{PASSWORD_ROLE}:{PASSWORD}\n",
+        pg.port
+    );
+    std::fs::write(&pgpass, line).unwrap();
+    set_mode(&pgpass, 0o600);
+    let password_role = format!("{localhost} user={PASSWORD_ROLE}");
+    assert_eq!(
+        connect_ok(&password_role),
+        (PASSWORD_ROLE.to_string(), true)
+    );
+
+    // PGSERVICE, found in $PGSYSCONFDIR/pg_service.conf when the per-user
+    // file (PGSERVICEFILE) does not exist.
+    let sysconf = pg.scratch("sysconf");
+    std::fs::write(
+        sysconf.join("pg_service.conf"),
+        format!(
+            "[envsvc]\nhost=localhost\nport={}\ndbname=postgres\n",
+            pg.port
+        ),
+    )
+    .unwrap();
+    std::env::set_var("PGSYSCONFDIR", &sysconf);
+    std::env::set_var("PGSERVICEFILE", home.join("absent.conf"));
+    std::env::set_var("PGSERVICE", "envsvc");
+    assert_eq!(
+        connect_ok(&format!("user={TLS_TRUST_ROLE}")),
+        (TLS_TRUST_ROLE.to_string(), true)
+    );
+}
