@@ -217,6 +217,10 @@ fn password_file_supplies_the_password_only_when_private() {
     set_mode(&passfile, 0o644);
     let error = connect_err(&url);
     assert_contains(&error, "password missing");
+    assert_contains(
+        &error,
+        "has group or world access; permissions should be u=rw (0600)",
+    );
     assert!(!error.contains(PASSWORD), "{error}");
 }
 

@@ -119,7 +119,13 @@ impl ConnectionOptions {
                 ),
                 _ => failures.join("; "),
             };
-            return Err(ConnectError(format!("connect to {self} failed: {reason}")));
+            let note = match &self.passfile_ignored {
+                Some(ignored) => format!(" (note: {ignored})"),
+                None => String::new(),
+            };
+            return Err(ConnectError(format!(
+                "connect to {self} failed: {reason}{note}"
+            )));
         };
         let (sender, messages) = mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {

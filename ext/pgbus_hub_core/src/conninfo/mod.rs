@@ -136,6 +136,9 @@ pub struct ConnectionOptions {
     /// `gssencmode` as given (disable or prefer): shown in the debug log line,
     /// since it changes nothing here.
     gssencmode: Option<String>,
+    /// Why the password file was ignored (libpq's warning), added to connect
+    /// errors: the warning alone may go to no log.
+    passfile_ignored: Option<String>,
 }
 
 impl ConnectionOptions {
@@ -386,6 +389,7 @@ impl Intercepted {
         let home = home_dir();
         // libpq reads the password file only when no password was given
         // (PGPASSWORD counts as given).
+        let mut passfile_ignored = None;
         if config.get_password().is_none() {
             let passfile = self
                 .passfile
@@ -393,8 +397,16 @@ impl Intercepted {
                 .or_else(|| env_nonempty("PGPASSFILE"))
                 .map(PathBuf::from)
                 .or_else(|| home.as_ref().map(|home| home.join(USER_PASSFILE)));
-            if let Some(password) = passfile.and_then(|path| password_from_file(&config, &path)) {
-                config.password(password?);
+            if let Some(path) = passfile {
+                match pgpass::read(&path) {
+                    Ok(Some(text)) => {
+                        if let Some(password) = password_for_hosts(&config, &text, &path)? {
+                            config.password(password);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(reason) => passfile_ignored = Some(reason),
+                }
             }
         }
         let application_name = self
@@ -419,6 +431,7 @@ impl Intercepted {
             tls,
             variables: Vec::new(),
             gssencmode,
+            passfile_ignored,
         })
     }
 
@@ -492,8 +505,11 @@ impl Intercepted {
 /// it up per host; tokio-postgres sends one password to every host, so
 /// hosts the file gives different passwords (or a password for some only)
 /// are refused rather than one host's password sent to another.
-fn password_from_file(config: &Config, path: &Path) -> Option<Result<String, ConfigError>> {
-    let text = pgpass::read(path)?;
+fn password_for_hosts(
+    config: &Config,
+    text: &str,
+    path: &Path,
+) -> Result<Option<String>, ConfigError> {
     let user = config.get_user().unwrap_or_default();
     let dbname = config.get_dbname().unwrap_or(user);
     let ports = config.get_ports();
@@ -519,18 +535,18 @@ fn password_from_file(config: &Config, path: &Path) -> Option<Result<String, Con
                 dbname: dbname.to_string(),
                 user: user.to_string(),
             };
-            pgpass::find_password(&text, &target)
+            pgpass::find_password(text, &target)
         })
         .collect();
     found.dedup();
     match found.as_slice() {
-        [] | [None] => None,
-        [Some(password)] => Some(Ok(password.clone())),
-        _ => Some(Err(config_error(format!(
+        [] | [None] => Ok(None),
+        [Some(password)] => Ok(Some(password.clone())),
+        _ => Err(config_error(format!(
             "password file \"{}\" gives this connection's hosts different passwords (or some none); \
              pgbus-hub sends one password to every host: give `password`, or lines that agree",
             path.display()
-        )))),
+        ))),
     }
 }
 

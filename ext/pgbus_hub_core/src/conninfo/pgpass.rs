@@ -16,29 +16,28 @@ pub(super) struct PassTarget {
     pub user: String,
 }
 
-/// The file's text, or None. As libpq: a file that does not exist is
-/// silently skipped; one that is not a plain file or that group or world can
-/// access is ignored with a warning.
-pub(super) fn read(path: &Path) -> Option<String> {
-    let metadata = std::fs::metadata(path).ok()?;
+/// The file's text; None if it does not exist (silently, as libpq); the
+/// reason (also logged as a warning) if libpq would ignore it: not a plain
+/// file, or group or world can access it.
+pub(super) fn read(path: &Path) -> Result<Option<String>, String> {
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
     let shown = path.display();
-    if !metadata.is_file() {
-        log::warn!("password file \"{shown}\" is not a plain file; ignored");
-        return None;
-    }
-    if metadata.mode() & 0o077 != 0 {
-        log::warn!(
+    let problem = if !metadata.is_file() {
+        format!("password file \"{shown}\" is not a plain file; ignored")
+    } else if metadata.mode() & 0o077 != 0 {
+        format!(
             "password file \"{shown}\" has group or world access; permissions should be u=rw (0600) or less; ignored"
-        );
-        return None;
-    }
-    match std::fs::read_to_string(path) {
-        Ok(text) => Some(text),
-        Err(error) => {
-            log::warn!("password file \"{shown}\" cannot be read ({error}); ignored");
-            None
+        )
+    } else {
+        match std::fs::read_to_string(path) {
+            Ok(text) => return Ok(Some(text)),
+            Err(error) => format!("password file \"{shown}\" cannot be read ({error}); ignored"),
         }
-    }
+    };
+    log::warn!("{problem}");
+    Err(problem)
 }
 
 /// The first line of `text` matching `target`, its password field.
