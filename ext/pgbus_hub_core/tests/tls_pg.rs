@@ -159,6 +159,9 @@ fn sslcrl_revoking_the_server_certificate_refuses_it() {
     assert_contains(&revoked, "Revoked");
     let fine = connect_ok(&format!("{base} sslcrl={}", path(&pg.certs.crl_empty)));
     assert_eq!(fine, (TLS_TRUST_ROLE.to_string(), true));
+    // A named file without any CRL would check nothing: refused.
+    let no_crl = connect_err(&format!("{base} sslcrl={}", path(&pg.certs.ca)));
+    assert_contains(&no_crl, "no PEM certificate revocation list");
     // sslcrldir: every CRL file of the directory.
     let dir = pg.scratch("crldir");
     std::fs::copy(&pg.certs.crl_revoking_server, dir.join("a.r0")).unwrap();

@@ -220,6 +220,12 @@ impl TlsSettings {
                 crls.push(crl.map_err(|e| pem_error("sslcrl", &path, e))?);
             }
         }
+        // A CRL named but empty of CRLs would silently check nothing.
+        if crls.is_empty() && (self.crl.is_some() || self.crldir.is_some()) {
+            return Err(config_error(
+                "sslcrl/sslcrldir name no PEM certificate revocation list",
+            ));
+        }
         Ok(crls)
     }
 
