@@ -37,23 +37,28 @@ fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
 /// What the session reports once connected: (current_user, TLS in use).
 type Session = (String, bool);
 
-/// Connect with `options` (a keyword string) and report the session, or the error text.
-fn connect(options: &str) -> Result<Session, String> {
+/// Connect with `options` (a keyword string or URL) and read `expression`
+/// (over this session's `pg_stat_ssl` row) as text, or the error text.
+fn connect_and_read(options: &str, expression: &str) -> Result<String, String> {
     let options = ConnectionOptions::parse(options).map_err(|e| e.to_string())?;
     block_on(async {
         let connected = options.connect().await.map_err(|e| e.to_string())?;
+        let sql =
+            format!("SELECT ({expression})::text FROM pg_stat_ssl WHERE pid = pg_backend_pid()");
         let row = connected
             .client
-            .query_one(
-                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
+            .query_one(&sql, &[])
             .await
             .map_err(|e| e.to_string())?;
-        let session = (row.get(0), row.get(1));
         connected.close(Duration::from_millis(100)).await;
-        Ok(session)
+        Ok(row.get(0))
     })
+}
+
+fn connect(options: &str) -> Result<Session, String> {
+    let text = connect_and_read(options, "current_user || ' ' || ssl")?;
+    let (user, ssl) = text.split_once(' ').expect("user and ssl");
+    Ok((user.to_string(), ssl == "true"))
 }
 
 fn connect_ok(options: &str) -> Session {
@@ -149,6 +154,19 @@ fn require_with_a_root_certificate_checks_the_chain_like_verify_ca() {
 }
 
 #[test]
+fn tls_protocol_versions_are_bounded_as_asked() {
+    let Some(pg) = cluster() else { return };
+    let base = verify_full_to_localhost(&pg, TLS_TRUST_ROLE);
+    for (bounds, version) in [
+        ("ssl_max_protocol_version=TLSv1.2", "TLSv1.2"),
+        ("ssl_min_protocol_version=TLSv1.3", "TLSv1.3"),
+    ] {
+        let read = connect_and_read(&format!("{base} {bounds}"), "version");
+        assert_eq!(read.as_deref(), Ok(version), "{bounds}");
+    }
+}
+
+#[test]
 fn sslcrl_revoking_the_server_certificate_refuses_it() {
     let Some(pg) = cluster() else { return };
     let base = verify_full_to_localhost(&pg, TLS_TRUST_ROLE);
@@ -186,6 +204,9 @@ fn client_certificate_authenticates_its_role_and_nothing_else_does() {
         path(&pg.root.join("absent.crt"))
     ));
     assert_contains(&without, "connection requires a valid client certificate");
+    // sslcertmode=disable: the certificate is there but never sent.
+    let disabled = connect_err(&format!("{with_cert} sslcertmode=disable"));
+    assert_contains(&disabled, "connection requires a valid client certificate");
     // libpq's key-file permission rule, with a clear error before any connection.
     let open_key = pg.scratch("openkey").join("client.key");
     std::fs::copy(&pg.certs.client_key, &open_key).unwrap();

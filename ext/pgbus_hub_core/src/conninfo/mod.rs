@@ -73,18 +73,6 @@ const UNSUPPORTED_KEYWORDS: &[(&str, &str)] = &[
         "sslpassword",
         "encrypted client keys are not supported; decrypt the key (openssl pkey) and leave sslpassword out",
     ),
-    (
-        "sslcertmode",
-        "the client certificate is sent whenever sslcert/sslkey (or ~/.postgresql/postgresql.crt) are there, as sslcertmode=allow does; other modes are not implemented",
-    ),
-    (
-        "ssl_min_protocol_version",
-        "not implemented: TLS 1.2 and 1.3 are always allowed (rustls has no older versions)",
-    ),
-    (
-        "ssl_max_protocol_version",
-        "not implemented: TLS 1.2 and 1.3 are always allowed (rustls has no older versions)",
-    ),
     ("sslcompression", "TLS compression is never used (obsolete)"),
     ("sslkeylogfile", "writing TLS session keys to a file is not supported"),
     ("requiressl", "deprecated in libpq; use sslmode=require"),
@@ -335,6 +323,9 @@ struct Intercepted {
     sslcrl: Option<String>,
     sslcrldir: Option<String>,
     sslsni: Option<String>,
+    sslcertmode: Option<String>,
+    ssl_min_protocol_version: Option<String>,
+    ssl_max_protocol_version: Option<String>,
     passfile: Option<String>,
     gssencmode: Option<String>,
     application_name: Option<String>,
@@ -352,6 +343,9 @@ impl Intercepted {
             "sslcrl" => &mut self.sslcrl,
             "sslcrldir" => &mut self.sslcrldir,
             "sslsni" => &mut self.sslsni,
+            "sslcertmode" => &mut self.sslcertmode,
+            "ssl_min_protocol_version" => &mut self.ssl_min_protocol_version,
+            "ssl_max_protocol_version" => &mut self.ssl_max_protocol_version,
             "passfile" => &mut self.passfile,
             "application_name" => &mut self.application_name,
             "fallback_application_name" => &mut self.fallback_application_name,
@@ -488,8 +482,29 @@ impl Intercepted {
                 )))
             }
         };
+        let send_client_cert = match or_env(&self.sslcertmode, "PGSSLCERTMODE").as_deref() {
+            None | Some("allow") => true,
+            Some("disable") => false,
+            Some("require") => {
+                return Err(config_error(
+                    "sslcertmode=require is not supported: pgbus-hub cannot tell whether the \
+                     server asked for the certificate (allow, the default, sends it when asked)",
+                ))
+            }
+            Some(other) => {
+                return Err(config_error(format!(
+                    "invalid sslcertmode {other:?} (expected allow, disable or require)"
+                )))
+            }
+        };
+        let protocol_versions = tls::protocol_versions(
+            or_env(&self.ssl_min_protocol_version, "PGSSLMINPROTOCOLVERSION").as_deref(),
+            or_env(&self.ssl_max_protocol_version, "PGSSLMAXPROTOCOLVERSION").as_deref(),
+        )?;
         Ok(TlsSettings {
             policy,
+            protocol_versions,
+            send_client_cert,
             rootcert,
             cert: or_env(&self.sslcert, "PGSSLCERT"),
             key: or_env(&self.sslkey, "PGSSLKEY"),

@@ -15,7 +15,10 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{
     CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
 };
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    SupportedProtocolVersion,
+};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -90,11 +93,67 @@ impl TlsPolicy {
     }
 }
 
+/// libpq's names for TLS versions, oldest first; the index orders them.
+const TLS_VERSION_NAMES: [&str; 4] = ["TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"];
+/// libpq's default `ssl_min_protocol_version`.
+const DEFAULT_MIN_TLS_VERSION: &str = "TLSv1.2";
+
+/// The versions `ssl_min_protocol_version`/`ssl_max_protocol_version` allow
+/// (libpq's names, any case) that rustls speaks: TLS 1.2 and 1.3.
+pub(super) fn protocol_versions(
+    min: Option<&str>,
+    max: Option<&str>,
+) -> Result<Vec<&'static SupportedProtocolVersion>, ConfigError> {
+    let rank = |keyword: &str, value: &str| {
+        version_rank(value).ok_or_else(|| {
+            config_error(format!(
+                "invalid {keyword} {value:?} (expected one of {})",
+                TLS_VERSION_NAMES.join(", ")
+            ))
+        })
+    };
+    let low = rank(
+        "ssl_min_protocol_version",
+        min.unwrap_or(DEFAULT_MIN_TLS_VERSION),
+    )?;
+    let high = match max {
+        Some(value) => rank("ssl_max_protocol_version", value)?,
+        None => TLS_VERSION_NAMES.len() - 1,
+    };
+    if low > high {
+        return Err(config_error("invalid SSL protocol version range"));
+    }
+    let spoken = [
+        ("TLSv1.2", &rustls::version::TLS12),
+        ("TLSv1.3", &rustls::version::TLS13),
+    ];
+    let versions: Vec<_> = spoken
+        .into_iter()
+        .filter(|(name, _)| version_rank(name).is_some_and(|r| (low..=high).contains(&r)))
+        .map(|(_, version)| version)
+        .collect();
+    if versions.is_empty() {
+        return Err(config_error(
+            "ssl_max_protocol_version below TLSv1.2 cannot be honoured: rustls speaks TLS 1.2 and 1.3 only",
+        ));
+    }
+    Ok(versions)
+}
+
+fn version_rank(name: &str) -> Option<usize> {
+    TLS_VERSION_NAMES
+        .iter()
+        .position(|known| known.eq_ignore_ascii_case(name))
+}
+
 /// The TLS keywords after libpq's defaults (keyword, else `PGSSL*`); the
 /// `~/.postgresql/` fallbacks are looked up when a connector is made.
 #[derive(Debug, Clone)]
 pub(super) struct TlsSettings {
     pub policy: TlsPolicy,
+    pub protocol_versions: Vec<&'static SupportedProtocolVersion>,
+    /// False for `sslcertmode=disable`.
+    pub send_client_cert: bool,
     pub rootcert: Option<String>,
     pub cert: Option<String>,
     pub key: Option<String>,
@@ -123,12 +182,13 @@ impl TlsSettings {
             provider: provider.clone(),
         });
         let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(&self.protocol_versions)
             .map_err(|e| config_error(format!("TLS set-up failed: {e}")))?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
         let identity = match self.policy {
             TlsPolicy::Disable => None,
+            _ if !self.send_client_cert => None,
             _ => self.client_identity()?,
         };
         let mut config = match identity {
@@ -378,6 +438,33 @@ fn roots_from(
 /// and those modes with one), chain and name (verify-full). The handshake
 /// signature is always checked against the presented key, so the session is
 /// bound to that certificate even when the chain is not checked.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_versions_follow_libpq_names_and_default_to_tls12_and_up() {
+        let names = |min, max| {
+            protocol_versions(min, max).map(|versions| {
+                versions
+                    .iter()
+                    .map(|v| format!("{:?}", v.version))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(names(None, None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("tlsv1"), None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("TLSv1.3"), None).unwrap(), ["TLSv1_3"]);
+        assert_eq!(names(None, Some("TLSv1.2")).unwrap(), ["TLSv1_2"]);
+        let error = |min, max| protocol_versions(min, max).unwrap_err().to_string();
+        assert!(error(None, Some("TLSv1.1")).contains("invalid SSL protocol version range"));
+        assert!(
+            error(Some("TLSv1"), Some("TLSv1.1")).contains("rustls speaks TLS 1.2 and 1.3 only")
+        );
+        assert!(error(Some("SSLv3"), None).contains("invalid ssl_min_protocol_version"));
+    }
+}
+
 #[derive(Debug)]
 struct PgVerifier {
     chain: Option<Arc<WebPkiServerVerifier>>,
