@@ -418,4 +418,10 @@ fn environment_and_home_defaults_child() {
         connect_ok(&format!("user={TLS_TRUST_ROLE}")),
         (TLS_TRUST_ROLE.to_string(), true)
     );
+
+    // An environment variable naming a refused feature is refused, not ignored.
+    std::env::set_var("PGREQUIREAUTH", "scram-sha-256");
+    let refused = connect_err(&format!("user={TLS_TRUST_ROLE}"));
+    assert_contains(&refused, "`require_auth` is not supported");
+    assert_contains(&refused, "(from PGREQUIREAUTH)");
 }

@@ -73,7 +73,6 @@ const UNSUPPORTED_KEYWORDS: &[(&str, &str)] = &[
         "sslpassword",
         "encrypted client keys are not supported; decrypt the key (openssl pkey) and leave sslpassword out",
     ),
-    ("sslcompression", "TLS compression is never used (obsolete)"),
     ("sslkeylogfile", "writing TLS session keys to a file is not supported"),
     ("requiressl", "deprecated in libpq; use sslmode=require"),
     ("gsslib", GSSAPI_UNSUPPORTED),
@@ -97,6 +96,47 @@ const UNSUPPORTED_KEYWORDS: &[(&str, &str)] = &[
     ("oauth_client_id", OAUTH_UNSUPPORTED),
     ("oauth_client_secret", OAUTH_UNSUPPORTED),
     ("oauth_scope", OAUTH_UNSUPPORTED),
+];
+
+/// libpq's environment variables, each the default of one keyword: used
+/// when neither the options nor the service set it, through the same checks
+/// (so one naming an unsupported feature is refused, not ignored).
+/// `PGSERVICE`/`PGSERVICEFILE` are read before, to find the service.
+const ENV_DEFAULTS: &[(&str, &str)] = &[
+    ("host", "PGHOST"),
+    ("hostaddr", "PGHOSTADDR"),
+    ("port", "PGPORT"),
+    ("dbname", "PGDATABASE"),
+    ("user", "PGUSER"),
+    ("password", "PGPASSWORD"),
+    ("passfile", "PGPASSFILE"),
+    ("channel_binding", "PGCHANNELBINDING"),
+    ("connect_timeout", "PGCONNECT_TIMEOUT"),
+    ("options", "PGOPTIONS"),
+    ("application_name", "PGAPPNAME"),
+    ("client_encoding", "PGCLIENTENCODING"),
+    ("sslmode", "PGSSLMODE"),
+    ("sslnegotiation", "PGSSLNEGOTIATION"),
+    ("sslcompression", "PGSSLCOMPRESSION"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+    ("sslcertmode", "PGSSLCERTMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcrl", "PGSSLCRL"),
+    ("sslcrldir", "PGSSLCRLDIR"),
+    ("sslsni", "PGSSLSNI"),
+    ("requirepeer", "PGREQUIREPEER"),
+    ("require_auth", "PGREQUIREAUTH"),
+    ("ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"),
+    ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"),
+    ("gssencmode", "PGGSSENCMODE"),
+    ("krbsrvname", "PGKRBSRVNAME"),
+    ("gsslib", "PGGSSLIB"),
+    ("gssdelegation", "PGGSSDELEGATION"),
+    ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+    ("load_balance_hosts", "PGLOADBALANCEHOSTS"),
+    ("min_protocol_version", "PGMINPROTOCOLVERSION"),
+    ("max_protocol_version", "PGMAXPROTOCOLVERSION"),
 ];
 
 /// A connection string or option set that cannot be used. Never contains a password.
@@ -164,9 +204,19 @@ impl ConnectionOptions {
         for (key, value) in &given {
             add(key, value)?;
         }
+        let mut set: Vec<String> = given.iter().map(|(key, _)| key.clone()).collect();
         if let Some((origin, pairs)) = from_service {
             for (key, value) in pairs {
                 add(&key, &value).map_err(|e| config_error(format!("{} ({origin})", e.0)))?;
+                set.push(key);
+            }
+        }
+        for (key, env) in ENV_DEFAULTS {
+            if set.iter().any(|given| given == key) {
+                continue;
+            }
+            if let Some(value) = env_nonempty(env) {
+                add(key, &value).map_err(|e| config_error(format!("{} (from {env})", e.0)))?;
             }
         }
         let config = Config::from_str(&passthrough).map_err(|e| config_error(e.to_string()))?;
@@ -355,6 +405,15 @@ impl Intercepted {
             }
             // Already used to find the service's pairs.
             "service" | "servicefile" => return Ok(true),
+            "sslcompression" => {
+                // Compression is never used, so only "off" can be honoured.
+                if value != "0" {
+                    return Err(config_error(
+                        "sslcompression=1 is not supported: TLS compression is never used (obsolete)",
+                    ));
+                }
+                return Ok(true);
+            }
             "client_encoding" => {
                 // tokio-postgres always speaks UTF8; accept only that.
                 if !matches!(
@@ -379,7 +438,7 @@ impl Intercepted {
     }
 
     fn finish(self, mut config: Config) -> Result<ConnectionOptions, ConfigError> {
-        apply_libpq_defaults(&mut config)?;
+        apply_compiled_defaults(&mut config)?;
         let home = home_dir();
         // libpq reads the password file only when no password was given
         // (PGPASSWORD counts as given).
@@ -388,7 +447,6 @@ impl Intercepted {
             let passfile = self
                 .passfile
                 .clone()
-                .or_else(|| env_nonempty("PGPASSFILE"))
                 .map(PathBuf::from)
                 .or_else(|| home.as_ref().map(|home| home.join(USER_PASSFILE)));
             if let Some(path) = passfile {
@@ -406,25 +464,17 @@ impl Intercepted {
         let application_name = self
             .application_name
             .clone()
-            .or_else(|| env_nonempty("PGAPPNAME"))
             .or(self.fallback_application_name.clone())
             .unwrap_or_else(|| DEFAULT_APPLICATION_NAME.to_string());
         config.application_name(&application_name);
         let tls = self.tls_settings(&config, home)?;
         // Read the files now too, so that a bad path or key fails at boot.
         tls.connector()?;
-        // libpq reads PGGSSENCMODE when the options say nothing: refuse `require` there too.
-        let gssencmode = match self.gssencmode {
-            Some(mode) => Some(mode),
-            None => env_nonempty("PGGSSENCMODE")
-                .map(|mode| parse_gssencmode(&mode))
-                .transpose()?,
-        };
         Ok(ConnectionOptions {
             config,
             tls,
             variables: Vec::new(),
-            gssencmode,
+            gssencmode: self.gssencmode,
             passfile_ignored,
         })
     }
@@ -435,12 +485,10 @@ impl Intercepted {
         config: &Config,
         home: Option<PathBuf>,
     ) -> Result<TlsSettings, ConfigError> {
-        let or_env =
-            |value: &Option<String>, env: &str| value.clone().or_else(|| env_nonempty(env));
-        let rootcert = or_env(&self.sslrootcert, "PGSSLROOTCERT");
+        let rootcert = self.sslrootcert.clone();
         let system_roots = rootcert.as_deref() == Some(SYSTEM_ROOTS);
-        let mut policy = match or_env(&self.sslmode, "PGSSLMODE") {
-            Some(mode) => TlsPolicy::parse(&mode)?,
+        let mut policy = match &self.sslmode {
+            Some(mode) => TlsPolicy::parse(mode)?,
             // libpq: sslrootcert=system makes verify-full the default.
             None if system_roots => TlsPolicy::VerifyFull,
             None => TlsPolicy::Prefer,
@@ -473,7 +521,7 @@ impl Intercepted {
                 policy.name()
             )));
         }
-        let sni = match or_env(&self.sslsni, "PGSSLSNI").as_deref() {
+        let sni = match self.sslsni.as_deref() {
             None | Some("1") => true,
             Some("0") => false,
             Some(other) => {
@@ -482,7 +530,7 @@ impl Intercepted {
                 )))
             }
         };
-        let send_client_cert = match or_env(&self.sslcertmode, "PGSSLCERTMODE").as_deref() {
+        let send_client_cert = match self.sslcertmode.as_deref() {
             None | Some("allow") => true,
             Some("disable") => false,
             Some("require") => {
@@ -498,18 +546,18 @@ impl Intercepted {
             }
         };
         let protocol_versions = tls::protocol_versions(
-            or_env(&self.ssl_min_protocol_version, "PGSSLMINPROTOCOLVERSION").as_deref(),
-            or_env(&self.ssl_max_protocol_version, "PGSSLMAXPROTOCOLVERSION").as_deref(),
+            self.ssl_min_protocol_version.as_deref(),
+            self.ssl_max_protocol_version.as_deref(),
         )?;
         Ok(TlsSettings {
             policy,
             protocol_versions,
             send_client_cert,
             rootcert,
-            cert: or_env(&self.sslcert, "PGSSLCERT"),
-            key: or_env(&self.sslkey, "PGSSLKEY"),
-            crl: or_env(&self.sslcrl, "PGSSLCRL"),
-            crldir: or_env(&self.sslcrldir, "PGSSLCRLDIR"),
+            cert: self.sslcert.clone(),
+            key: self.sslkey.clone(),
+            crl: self.sslcrl.clone(),
+            crldir: self.sslcrldir.clone(),
             sni,
             home,
         })
@@ -597,46 +645,16 @@ fn env_nonempty(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// What libpq fills in when the options leave it out: PG* environment
-/// variables, then the compiled-in defaults (socket directory, OS user).
-fn apply_libpq_defaults(config: &mut Config) -> Result<(), ConfigError> {
+/// libpq's compiled-in defaults, for what neither the options, the service
+/// nor the environment gave: the socket directory and the OS user.
+fn apply_compiled_defaults(config: &mut Config) -> Result<(), ConfigError> {
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        match env_nonempty("PGHOST") {
-            Some(hosts) => {
-                for host in hosts.split(',') {
-                    config.host(host);
-                }
-            }
-            None => {
-                config.host(default_socket_dir());
-            }
-        }
-    }
-    if config.get_ports().is_empty() {
-        if let Some(port) = env_nonempty("PGPORT") {
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| config_error("PGPORT is not a port number"))?;
-            config.port(port);
-        }
+        config.host(default_socket_dir());
     }
     if config.get_user().is_none() {
-        match env_nonempty("PGUSER").or_else(os_user) {
-            Some(user) => {
-                config.user(&user);
-            }
-            None => return Err(config_error("no user given and the OS user is unknown")),
-        }
-    }
-    if config.get_dbname().is_none() {
-        if let Some(dbname) = env_nonempty("PGDATABASE") {
-            config.dbname(&dbname);
-        }
-    }
-    if config.get_password().is_none() {
-        if let Some(password) = env_nonempty("PGPASSWORD") {
-            config.password(&password);
-        }
+        let user =
+            os_user().ok_or_else(|| config_error("no user given and the OS user is unknown"))?;
+        config.user(&user);
     }
     Ok(())
 }
