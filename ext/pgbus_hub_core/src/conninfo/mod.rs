@@ -183,8 +183,10 @@ impl ConnectionOptions {
     }
 
     /// libpq keyword/value pairs (a Ruby Hash, stringified). Empty values are
-    /// ignored, as libpq does. Unknown keywords are refused by name. A
-    /// `service` (or `PGSERVICE`) fills in what the pairs leave out.
+    /// ignored, as libpq does. Unknown keywords are refused by name. What the
+    /// pairs leave out comes, in libpq's order, from the `service` (or
+    /// `PGSERVICE`), the environment (`ENV_DEFAULTS`), the password file,
+    /// then the compiled-in defaults.
     pub fn from_pairs(pairs: Vec<(String, String)>) -> Result<Self, ConfigError> {
         let given: Vec<(String, String)> =
             pairs.into_iter().filter(|(_, v)| !v.is_empty()).collect();
@@ -1024,6 +1026,12 @@ mod tests {
             )),
             None
         );
+        // One password is sent to every host: hosts the file treats differently are refused.
+        let two_hosts = format!(
+            "host=db.example,other port=5433 dbname=app user=alice passfile={}",
+            private.display()
+        );
+        assert!(error(&two_hosts).contains("gives this connection's hosts different passwords"));
         // The default socket directory matches as `localhost`.
         write_with_mode(&private, "localhost:5432:app:alice:socket\n", 0o600);
         assert_eq!(
