@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Notification};
 
-use super::ConnectionOptions;
+use super::{ConnectionOptions, TlsPolicy};
 
 /// Whole-connect deadline when the options set no `connect_timeout`. libpq
 /// waits forever, but a listener stuck in a half-open handshake would never
@@ -80,11 +81,52 @@ impl ConnectionOptions {
     }
 
     async fn connect_inner(&self) -> Result<Connected, ConnectError> {
-        let (client, mut connection) = self
-            .config
-            .connect(self.connector.clone())
-            .await
-            .map_err(|e| ConnectError(format!("connect to {self} failed: {}", describe(&e))))?;
+        let connector = self
+            .tls
+            .connector()
+            .map_err(|e| ConnectError(format!("connect to {self} failed: {}", e.0)))?;
+        // libpq's allow and prefer make a second attempt the other way when
+        // the first fails; the error then tells both.
+        let attempts: &[SslMode] = match self.tls.policy {
+            TlsPolicy::Disable => &[SslMode::Disable],
+            TlsPolicy::Allow => &[SslMode::Disable, SslMode::Require],
+            TlsPolicy::Prefer => &[SslMode::Prefer, SslMode::Disable],
+            TlsPolicy::Require | TlsPolicy::VerifyCa | TlsPolicy::VerifyFull => &[SslMode::Require],
+        };
+        let mut failures = Vec::new();
+        let mut opened = None;
+        for &mode in attempts {
+            let mut config = self.config.clone();
+            config.ssl_mode(mode);
+            match config.connect(connector.clone()).await {
+                Ok(pair) => {
+                    opened = Some(pair);
+                    break;
+                }
+                Err(error) => failures.push(describe(&error)),
+            }
+        }
+        let Some((client, mut connection)) = opened else {
+            let reason = match failures.as_slice() {
+                [only] => only.clone(),
+                [with_first, with_second] => format!(
+                    "{with_first}; then {} TLS: {with_second}",
+                    if attempts[1] == SslMode::Disable {
+                        "without"
+                    } else {
+                        "with"
+                    }
+                ),
+                _ => failures.join("; "),
+            };
+            let note = match &self.passfile_ignored {
+                Some(ignored) => format!(" (note: {ignored})"),
+                None => String::new(),
+            };
+            return Err(ConnectError(format!(
+                "connect to {self} failed: {reason}{note}"
+            )));
+        };
         let (sender, messages) = mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
             let reason = loop {

@@ -1,87 +1,530 @@
-//! The TLS side of a connection: the policy `sslmode` selects and the rustls connector.
+//! The TLS side of a connection, as libpq does it: the policy `sslmode`
+//! selects, the server-certificate check (`sslrootcert`, `sslcrl`,
+//! `sslcrldir`), the client certificate (`sslcert`, `sslkey`) and SNI
+//! (`sslsni`). Files are read each time a connector is made, so a reconnect
+//! picks up rotated certificates and CRLs as libpq would.
 
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
+use rustls::{
+    CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    SupportedProtocolVersion,
+};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{config_error, ConfigError};
 
-/// The TLS policy. `Require`/`Prefer` encrypt but do not authenticate the
-/// server (libpq semantics); certificate verification is not offered.
+/// libpq's default file names, under `~/.postgresql/`.
+const DEFAULT_ROOT_CERT: &str = ".postgresql/root.crt";
+const DEFAULT_ROOT_CRL: &str = ".postgresql/root.crl";
+const DEFAULT_CLIENT_CERT: &str = ".postgresql/postgresql.crt";
+const DEFAULT_CLIENT_KEY: &str = ".postgresql/postgresql.key";
+
+/// The `sslrootcert` value naming the operating system's trust store.
+pub(super) const SYSTEM_ROOTS: &str = "system";
+
+/// `sslmode`, with libpq's meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsPolicy {
+    /// Never TLS.
     Disable,
+    /// Plain first; TLS if the plain attempt fails.
+    Allow,
+    /// TLS first; plain if the TLS attempt fails (the default).
     Prefer,
+    /// TLS only. The chain is checked only when a root certificate is
+    /// there (`sslrootcert`, or `~/.postgresql/root.crt`), as libpq does.
     Require,
+    /// TLS; the server certificate must chain to a root certificate.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the `host` connected to.
+    VerifyFull,
 }
 
-/// TLS without certificate verification, for sslmode=require/prefer: libpq's
-/// semantics for those modes are "encrypt, do not authenticate" (the server
-/// commonly has a self-signed or snakeoil certificate). The handshake
-/// signature is still checked against the presented key, so the session is
-/// bound to that certificate; what is skipped is only chain + hostname validation.
-pub(super) fn make_tls() -> Result<MakeRustlsConnect, ConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(EncryptOnly(provider.clone()));
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| config_error(format!("TLS set-up failed: {e}")))?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
+impl TlsPolicy {
+    pub(super) fn parse(value: &str) -> Result<Self, ConfigError> {
+        Ok(match value {
+            "disable" => Self::Disable,
+            "allow" => Self::Allow,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => {
+                return Err(config_error(format!(
+                    "invalid sslmode {other:?} (expected disable, allow, prefer, require, verify-ca or verify-full)"
+                )))
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Allow => "allow",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    /// The modes that fail rather than skip the check when no root
+    /// certificate is found.
+    fn must_verify(self) -> bool {
+        matches!(self, Self::VerifyCa | Self::VerifyFull)
+    }
+
+    /// The modes whose connection is always encrypted (libpq refuses
+    /// `sslnegotiation=direct` and needs a host name for the others).
+    pub(super) fn always_encrypts(self) -> bool {
+        matches!(self, Self::Require | Self::VerifyCa | Self::VerifyFull)
+    }
 }
 
-/// Type of a tokio-postgres connection opened by [`ConnectionOptions::connect`].
+/// libpq's names for TLS versions, oldest first; the index orders them.
+const TLS_VERSION_NAMES: [&str; 4] = ["TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"];
+/// libpq's default `ssl_min_protocol_version`.
+const DEFAULT_MIN_TLS_VERSION: &str = "TLSv1.2";
+
+/// The versions `ssl_min_protocol_version`/`ssl_max_protocol_version` allow
+/// (libpq's names, any case) that rustls speaks: TLS 1.2 and 1.3.
+pub(super) fn protocol_versions(
+    min: Option<&str>,
+    max: Option<&str>,
+) -> Result<Vec<&'static SupportedProtocolVersion>, ConfigError> {
+    let rank = |keyword: &str, value: &str| {
+        version_rank(value).ok_or_else(|| {
+            config_error(format!(
+                "invalid {keyword} {value:?} (expected one of {})",
+                TLS_VERSION_NAMES.join(", ")
+            ))
+        })
+    };
+    let low = rank(
+        "ssl_min_protocol_version",
+        min.unwrap_or(DEFAULT_MIN_TLS_VERSION),
+    )?;
+    let high = match max {
+        Some(value) => rank("ssl_max_protocol_version", value)?,
+        None => TLS_VERSION_NAMES.len() - 1,
+    };
+    if low > high {
+        return Err(config_error("invalid SSL protocol version range"));
+    }
+    let spoken = [
+        ("TLSv1.2", &rustls::version::TLS12),
+        ("TLSv1.3", &rustls::version::TLS13),
+    ];
+    let versions: Vec<_> = spoken
+        .into_iter()
+        .filter(|(name, _)| version_rank(name).is_some_and(|r| (low..=high).contains(&r)))
+        .map(|(_, version)| version)
+        .collect();
+    if versions.is_empty() {
+        return Err(config_error(
+            "ssl_max_protocol_version below TLSv1.2 cannot be honoured: rustls speaks TLS 1.2 and 1.3 only",
+        ));
+    }
+    Ok(versions)
+}
+
+fn version_rank(name: &str) -> Option<usize> {
+    TLS_VERSION_NAMES
+        .iter()
+        .position(|known| known.eq_ignore_ascii_case(name))
+}
+
+/// The TLS keywords after libpq's defaults (keyword, else `PGSSL*`); the
+/// `~/.postgresql/` fallbacks are looked up when a connector is made.
+#[derive(Debug, Clone)]
+pub(super) struct TlsSettings {
+    pub policy: TlsPolicy,
+    pub protocol_versions: Vec<&'static SupportedProtocolVersion>,
+    /// False for `sslcertmode=disable`.
+    pub send_client_cert: bool,
+    pub rootcert: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub crl: Option<String>,
+    pub crldir: Option<String>,
+    pub sni: bool,
+    pub home: Option<PathBuf>,
+}
+
+/// Type of a tokio-postgres connection opened by [`ConnectionOptions::connect`](super::ConnectionOptions::connect).
 pub type PgConnection =
     tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
 
-#[derive(Debug)]
-struct EncryptOnly(Arc<rustls::crypto::CryptoProvider>);
+impl TlsSettings {
+    /// The rustls connector for these settings, reading the files they name.
+    pub(super) fn connector(&self) -> Result<MakeRustlsConnect, ConfigError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = match self.policy {
+            // No TLS will be attempted: read no file (libpq does not either).
+            TlsPolicy::Disable => None,
+            _ => self.chain_verifier(&provider)?,
+        };
+        let verifier = Arc::new(PgVerifier {
+            chain,
+            check_name: self.policy == TlsPolicy::VerifyFull,
+            provider: provider.clone(),
+        });
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&self.protocol_versions)
+            .map_err(|e| config_error(format!("TLS set-up failed: {e}")))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let identity = match self.policy {
+            TlsPolicy::Disable => None,
+            _ if !self.send_client_cert => None,
+            _ => self.client_identity()?,
+        };
+        let mut config = match identity {
+            Some((certs, key)) => builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| config_error(format!("sslcert/sslkey cannot be used: {e}")))?,
+            None => builder.with_no_client_auth(),
+        };
+        // rustls, like libpq, never sends SNI for an IP address.
+        config.enable_sni = self.sni;
+        Ok(MakeRustlsConnect::new(config))
+    }
 
-impl rustls::client::danger::ServerCertVerifier for EncryptOnly {
+    fn home_file(&self, relative: &str) -> Option<PathBuf> {
+        self.home.as_ref().map(|home| home.join(relative))
+    }
+
+    /// The chain check, or None where libpq checks nothing (a mode below
+    /// verify-ca with no root certificate).
+    fn chain_verifier(
+        &self,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Option<Arc<WebPkiServerVerifier>>, ConfigError> {
+        let roots = match self.rootcert.as_deref() {
+            Some(SYSTEM_ROOTS) => system_roots()?,
+            // Stricter than libpq, which silently skips the check when a
+            // named file is missing: a named root certificate is meant to be used.
+            Some(path) => pem_roots(Path::new(path))?,
+            None => match self.home_file(DEFAULT_ROOT_CERT) {
+                Some(path) if path.exists() => pem_roots(&path)?,
+                Some(path) if self.policy.must_verify() => {
+                    return Err(config_error(format!(
+                        "sslmode={}: root certificate file \"{}\" does not exist; provide it, \
+                         name one with sslrootcert, use the system's trusted roots with \
+                         sslrootcert=system, or choose an sslmode that does not verify the server",
+                        self.policy.name(),
+                        path.display()
+                    )))
+                }
+                None if self.policy.must_verify() => {
+                    return Err(config_error(format!(
+                        "sslmode={}: no home directory to find ~/{DEFAULT_ROOT_CERT} in; name the root certificate with sslrootcert",
+                        self.policy.name()
+                    )))
+                }
+                _ => return Ok(None),
+            },
+        };
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .with_crls(self.crls()?)
+                .build()
+                .map_err(|e| {
+                    config_error(format!("server certificate check cannot be set up: {e}"))
+                })?;
+        Ok(Some(verifier))
+    }
+
+    /// `sslcrl` and `sslcrldir`, else `~/.postgresql/root.crl` if present.
+    /// As with libpq's OpenSSL, once CRLs are loaded every certificate of the
+    /// chain must have its issuer's CRL.
+    fn crls(&self) -> Result<Vec<CertificateRevocationListDer<'static>>, ConfigError> {
+        let mut files = Vec::new();
+        if let Some(crl) = &self.crl {
+            files.push(PathBuf::from(crl));
+        }
+        if let Some(dir) = &self.crldir {
+            let entries = std::fs::read_dir(dir)
+                .map_err(|e| config_error(format!("sslcrldir \"{dir}\" cannot be read: {e}")))?;
+            for entry in entries {
+                let path = entry
+                    .map_err(|e| config_error(format!("sslcrldir \"{dir}\" cannot be read: {e}")))?
+                    .path();
+                if path.is_file() {
+                    files.push(path);
+                }
+            }
+        }
+        if self.crl.is_none() && self.crldir.is_none() {
+            files.extend(
+                self.home_file(DEFAULT_ROOT_CRL)
+                    .filter(|path| path.exists()),
+            );
+        }
+        let mut crls = Vec::new();
+        for path in files {
+            let pem = read_file("sslcrl", &path)?;
+            for crl in CertificateRevocationListDer::pem_slice_iter(&pem) {
+                crls.push(crl.map_err(|e| pem_error("sslcrl", &path, e))?);
+            }
+        }
+        // A CRL named but empty of CRLs would silently check nothing.
+        if crls.is_empty() && (self.crl.is_some() || self.crldir.is_some()) {
+            return Err(config_error(
+                "sslcrl/sslcrldir name no PEM certificate revocation list",
+            ));
+        }
+        Ok(crls)
+    }
+
+    /// `sslcert` + `sslkey` (defaults `~/.postgresql/postgresql.crt`/`.key`).
+    /// As in libpq, a certificate file that does not exist means "no client
+    /// certificate" (the server decides whether that is enough).
+    #[allow(clippy::type_complexity)]
+    fn client_identity(
+        &self,
+    ) -> Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>, ConfigError> {
+        let cert_path = match &self.cert {
+            Some(path) => PathBuf::from(path),
+            None => match self.home_file(DEFAULT_CLIENT_CERT) {
+                Some(path) => path,
+                None => return Ok(None),
+            },
+        };
+        if !cert_path.exists() {
+            if self.cert.is_some() {
+                log::warn!(
+                    "sslcert \"{}\" does not exist: connecting without a client certificate (as libpq does)",
+                    cert_path.display()
+                );
+            }
+            return Ok(None);
+        }
+        let pem = read_file("sslcert", &cert_path)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| pem_error("sslcert", &cert_path, e))?;
+        if certs.is_empty() {
+            return Err(config_error(format!(
+                "sslcert \"{}\" holds no PEM certificate",
+                cert_path.display()
+            )));
+        }
+        let key_path = match (&self.key, self.home_file(DEFAULT_CLIENT_KEY)) {
+            (Some(path), _) => PathBuf::from(path),
+            (None, Some(path)) => path,
+            (None, None) => {
+                return Err(config_error(
+                    "sslcert is given but no sslkey, and there is no home directory for ~/.postgresql/postgresql.key",
+                ))
+            }
+        };
+        Ok(Some((certs, private_key(&key_path)?)))
+    }
+}
+
+/// The client key, with libpq's checks: a plain file, not readable by group
+/// or world (group-readable is allowed when root owns it), not encrypted
+/// (`sslpassword` is not supported), not an OpenSSL engine reference.
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, ConfigError> {
+    let shown = path.display();
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(_) if path.to_string_lossy().contains(':') => {
+            return Err(config_error(format!(
+                "sslkey \"{shown}\" looks like an OpenSSL engine key (engine:key), which is not supported"
+            )))
+        }
+        Err(e) => {
+            return Err(config_error(format!(
+                "certificate present, but not private key file \"{shown}\": {e}"
+            )))
+        }
+    };
+    if !metadata.is_file() {
+        return Err(config_error(format!(
+            "private key file \"{shown}\" is not a regular file"
+        )));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let mode = metadata.mode();
+    // libpq's rule, to the letter: only these two cases are refused.
+    let group_or_world_access =
+        (metadata.uid() == euid && mode & 0o077 != 0) || (metadata.uid() == 0 && mode & 0o037 != 0);
+    if group_or_world_access {
+        return Err(config_error(format!(
+            "private key file \"{shown}\" has group or world access; file must have permissions \
+             u=rw (0600) or less if owned by the current user, or u=rw,g=r (0640) or less if owned by root"
+        )));
+    }
+    let pem = read_file("sslkey", path)?;
+    let text = String::from_utf8_lossy(&pem);
+    if text.contains("ENCRYPTED PRIVATE KEY") || text.contains("Proc-Type: 4,ENCRYPTED") {
+        return Err(config_error(format!(
+            "private key file \"{shown}\" is encrypted: sslpassword is not supported; \
+             decrypt it (openssl pkey -in KEY -out PLAIN_KEY) and keep it mode 0600"
+        )));
+    }
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| pem_error("sslkey", path, e))
+}
+
+fn read_file(keyword: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| {
+        config_error(format!(
+            "{keyword} \"{}\" cannot be read: {e}",
+            path.display()
+        ))
+    })
+}
+
+fn pem_error(keyword: &str, path: &Path, error: rustls::pki_types::pem::Error) -> ConfigError {
+    config_error(format!(
+        "{keyword} \"{}\" is not usable PEM: {error}",
+        path.display()
+    ))
+}
+
+fn pem_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
+    let pem = read_file("sslrootcert", path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error("sslrootcert", path, e))?;
+    roots_from("sslrootcert", &path.display().to_string(), certs)
+}
+
+/// `sslrootcert=system`: the operating system's trust store.
+fn system_roots() -> Result<RootCertStore, ConfigError> {
+    let loaded = rustls_native_certs::load_native_certs();
+    if loaded.certs.is_empty() {
+        let reasons: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+        return Err(config_error(format!(
+            "sslrootcert=system: no trusted root certificate found in the system store ({})",
+            reasons.join("; ")
+        )));
+    }
+    roots_from("sslrootcert", SYSTEM_ROOTS, loaded.certs)
+}
+
+fn roots_from(
+    keyword: &str,
+    source: &str,
+    certs: Vec<CertificateDer<'static>>,
+) -> Result<RootCertStore, ConfigError> {
+    let mut roots = RootCertStore::empty();
+    let (added, _unparsable) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(config_error(format!(
+            "{keyword} \"{source}\" holds no usable certificate"
+        )));
+    }
+    Ok(roots)
+}
+
+/// One verifier for every mode: no chain check (encrypt only, libpq's
+/// require/prefer/allow without a root certificate), chain only (verify-ca,
+/// and those modes with one), chain and name (verify-full). The handshake
+/// signature is always checked against the presented key, so the session is
+/// bound to that certificate even when the chain is not checked.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_versions_follow_libpq_names_and_default_to_tls12_and_up() {
+        let names = |min, max| {
+            protocol_versions(min, max).map(|versions| {
+                versions
+                    .iter()
+                    .map(|v| format!("{:?}", v.version))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(names(None, None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("tlsv1"), None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("TLSv1.3"), None).unwrap(), ["TLSv1_3"]);
+        assert_eq!(names(None, Some("TLSv1.2")).unwrap(), ["TLSv1_2"]);
+        let error = |min, max| protocol_versions(min, max).unwrap_err().to_string();
+        assert!(error(None, Some("TLSv1.1")).contains("invalid SSL protocol version range"));
+        assert!(
+            error(Some("TLSv1"), Some("TLSv1.1")).contains("rustls speaks TLS 1.2 and 1.3 only")
+        );
+        assert!(error(Some("SSLv3"), None).contains("invalid ssl_min_protocol_version"));
+    }
+}
+
+#[derive(Debug)]
+struct PgVerifier {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_name: bool,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PgVerifier {
     fn verify_server_cert(
         &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // webpki checks the chain (and CRLs) before the name, so a name
+        // error means the chain itself was good.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(
         &self,
         message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn verify_tls13_signature(
         &self,
         message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
