@@ -7,6 +7,8 @@ use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient,
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::{Level, LogSink, Record};
 use pgbus_hub_core::protocol::{Message, Wake};
+use pgbus_hub_core::transport::socket::ClientSocket;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -462,6 +464,46 @@ fn connect_failures_are_unavailable_with_a_clear_reason() {
     );
 
     assert!(connect_error(std::path::Path::new("")).contains("empty"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn connect_waits_on_a_full_backlog_until_cancelled_and_leaves_nothing_open() {
+    let _serial = exclusive();
+    let dir = support_hub::temp_dir();
+    let path = dir.join("full.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // SAFETY: a valid listening socket; listen(2) again only shrinks its backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Queue connections until the kernel says the backlog is full (EAGAIN).
+    let (full, full_seen) = crossbeam_channel::bounded(1);
+    full.send(()).unwrap(); // taken by the first EAGAIN
+    let mut fillers = Vec::new();
+    while let Ok(filler) = ClientSocket::connect(&path, &full_seen) {
+        fillers.push(filler);
+    }
+    let fds = fd_count();
+    let (cancel, cancelled) = crossbeam_channel::bounded(1);
+    let config = ClientConfig::new(&path);
+    let connecting = thread::spawn(move || HubClient::connect_driven_or_cancel(config, &cancelled));
+    thread::sleep(Duration::from_millis(200));
+    assert!(
+        !connecting.is_finished(),
+        "connect did not wait for the backlog"
+    );
+    cancel.send(()).unwrap();
+    assert_eq!(
+        connecting.join().unwrap().err(),
+        Some(ClientError::Interrupted)
+    );
+    assert_eq!(fd_count(), fds, "the abandoned socket stayed open");
+
+    // Once the hub catches up, the same path connects.
+    for _ in &fillers {
+        drop(listener.accept().unwrap());
+    }
+    let (client, _reader) = HubClient::connect_driven(ClientConfig::new(&path)).unwrap();
+    assert!(!client.is_dead());
     let _ = std::fs::remove_dir_all(dir);
 }
 

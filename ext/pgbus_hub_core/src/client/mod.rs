@@ -116,6 +116,9 @@ pub enum ClientError {
     Unavailable(String),
     /// The hub refused this queue (a `nack` frame); the client stays alive.
     Rejected { queue: String, reason: String },
+    /// The caller cancelled a connect (an embedder's unblock function);
+    /// nothing was left open.
+    Interrupted,
 }
 
 impl fmt::Display for ClientError {
@@ -125,6 +128,7 @@ impl fmt::Display for ClientError {
             Self::Rejected { queue, reason } => {
                 write!(f, "master hub refused {queue}: {reason}")
             }
+            Self::Interrupted => f.write_str("connecting to the master hub was interrupted"),
         }
     }
 }
@@ -207,7 +211,7 @@ impl HubClient {
 
     /// [`HubClient::connect_driven`], giving up as soon as `cancel` receives
     /// while the hub's listen backlog is full (an embedder's unblock
-    /// function): then `Unavailable`, and nothing stays open.
+    /// function): then `Interrupted`, and nothing stays open.
     pub fn connect_driven_or_cancel(
         config: ClientConfig,
         cancel: &Receiver<()>,
@@ -427,7 +431,7 @@ impl Inner {
         let unreachable = |why: String| unreachable_at(&socket_path, why);
         crate::transport::check_socket_path(&socket_path).map_err(unreachable)?;
         let socket = ClientSocket::connect(&socket_path, cancel).map_err(|e| match e {
-            ConnectError::Cancelled => unreachable("connect interrupted".into()),
+            ConnectError::Cancelled => ClientError::Interrupted,
             ConnectError::Failed(e) => unreachable(e.to_string()),
         })?;
         let raw_fd = socket.raw_fd();
