@@ -2,27 +2,93 @@
 
 require "socket"
 require "tmpdir"
+require_relative "support/database"
 
 # Every blocking native call has an unblock function: Thread#kill (and
-# Thread#raise, Timeout) ends a wait in ensure_listening at once instead of
-# after its budget (here 30 s and 21 s).
+# Thread#raise, Timeout) ends a wait in connect, ensure_listening or stop at
+# once instead of after its budget (here 20-30 s), and the object stays usable.
 RSpec.describe "interrupting a native wait" do
-  def killed_within(thread)
-    sleep 0.3 # in the native wait by now
-    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  # The issue's bound: a killed thread is gone within 50 ms.
+  PROMPT = 0.05
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def killed_within(thread, settle: 0.3)
+    sleep settle # in the native wait by now
+    t0 = now
     thread.kill
     expect(thread.join(5)).not_to be_nil
-    Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+    now - t0
   end
 
-  it "HubClient#ensure_listening against a hub that never acks" do
+  def open_fds = Dir.children("/proc/self/fd").size
+
+  # Native threads by name (the kernel's 15-byte comm).
+  def native_threads(name) = Dir.children("/proc/self/task").count { |t| File.read("/proc/self/task/#{t}/comm").chomp == name }
+
+  # Connections the kernel queues for `server` until it accepts them: with
+  # listen(0) Linux holds one; a non-blocking connect says when it is full.
+  def fill_backlog(server, path)
+    server.listen(0)
+    fillers = []
+    loop do
+      socket = Socket.new(:UNIX, :STREAM)
+      socket.connect_nonblock(Socket.sockaddr_un(path))
+      fillers << socket
+    rescue Errno::EAGAIN # full (Linux says EAGAIN, not EINPROGRESS, for Unix sockets)
+      socket.close
+      return fillers
+    end
+  end
+
+  def hub_client(path) = Pgbus::Hub::HubClient.new(socket_path: path, dispatch_queue: Queue.new, ack_timeout: 30)
+
+  def next_sub(peer)
+    loop do
+      frame = Pgbus::Hub::Protocol.read_frame(peer)
+      return frame["q"] if frame["t"] == "sub"
+    end
+  end
+
+  it "HubClient#connect to a hub whose listen backlog is full; nothing stays open, connect works later" do
+    Dir.mktmpdir("pgbus-hub-interrupt") do |dir|
+      path = File.join(dir, "full.sock")
+      server = UNIXServer.new(path)
+      fillers = fill_backlog(server, path)
+      client = hub_client(path)
+      fds = open_fds
+      connecting = Thread.new { client.connect }
+      expect(killed_within(connecting)).to be < PROMPT
+      expect(open_fds).to eq(fds)
+      expect(client).to be_dead
+      expect(client.threads).to be_empty
+
+      fillers.size.times { server.accept.close } # the hub catches up
+      client.connect
+      expect(client).not_to be_dead
+      client.stop
+      fillers.each(&:close)
+      server.close
+    end
+  end
+
+  it "HubClient#ensure_listening against a hub that never acks; the waiter is gone, the client usable" do
     Dir.mktmpdir("pgbus-hub-interrupt") do |dir|
       path = File.join(dir, "silent.sock")
-      server = UNIXServer.new(path) # accepts, reads nothing, acks nothing
-      client = Pgbus::Hub::HubClient.new(socket_path: path, dispatch_queue: Queue.new, ack_timeout: 30).connect
+      server = UNIXServer.new(path) # acks only what the test tells it to
+      client = hub_client(path).connect
       peer = server.accept
-      waiter = Thread.new { client.ensure_listening("never_acked") }
-      expect(killed_within(waiter)).to be < 1
+      waiter = Thread.new { client.ensure_listening("q") }
+      expect(killed_within(waiter)).to be < PROMPT
+      expect(next_sub(peer)).to eq("q")
+
+      # One ack for "q" releases the next call: the killed waiter, older,
+      # would have taken it had it stayed registered.
+      again = Thread.new { client.ensure_listening("q") }
+      expect(next_sub(peer)).to eq("q")
+      peer.write(Pgbus::Hub::Protocol.encode({ "t" => "ack", "q" => "q" }))
+      expect(again.join(5)&.value).to eq(:done)
+      expect(client).not_to be_dead
       client.stop
       peer.close
       server.close
@@ -33,7 +99,76 @@ RSpec.describe "interrupting a native wait" do
     listener = Pgbus::Hub::Listener.new(connection: "host=127.0.0.1 port=1 dbname=none connect_timeout=1",
                                         dispatch_queue: Queue.new, health_check_ms: 20_000).start
     waiter = Thread.new { listener.ensure_listening("never_listened") }
-    expect(killed_within(waiter)).to be < 1
+    expect(killed_within(waiter)).to be < PROMPT
     listener.stop
+  end
+
+  describe "Listener#stop while its database has stopped answering" do
+    before { skip "no PostgreSQL" unless TestDatabase.available? }
+
+    # Forwards to the test database until `silence!`; then reads nothing more
+    # either way: a database that stopped answering on an open connection.
+    class SilenceableProxy
+      def initialize
+        @server = TCPServer.new("127.0.0.1", 0)
+        @silent = false
+        @sockets = []
+        @threads = [Thread.new { serve }]
+      end
+
+      def port = @server.addr[1]
+
+      def silence! = @silent = true
+
+      def close
+        @threads.each(&:kill).each(&:join)
+        (@sockets << @server).each(&:close)
+      end
+
+      private
+
+      def serve
+        loop do
+          client = @server.accept
+          database = upstream
+          @sockets.push(client, database)
+          @threads << Thread.new { pipe(client, database) } << Thread.new { pipe(database, client) }
+        end
+      end
+
+      def upstream
+        info = PG::Connection.conninfo_parse(TestDatabase.url).to_h { |o| [o[:keyword], o[:val]] }
+        host = info["host"] || "/var/run/postgresql"
+        port = (info["port"] || 5432).to_i
+        host.start_with?("/") ? UNIXSocket.new(File.join(host, ".s.PGSQL.#{port}")) : TCPSocket.new(host, port)
+      end
+
+      # Silent: stops reading; both sockets stay open until `close`.
+      def pipe(from, to)
+        until @silent
+          data = from.readpartial(65_536)
+          to.write(data) unless @silent
+        end
+      rescue IOError, SystemCallError
+        nil # one side hung up
+      end
+    end
+
+    it "returns at once; the engine's thread finishes shutting down on its own" do
+      proxy = SilenceableProxy.new
+      engines = native_threads("pgbus-listen")
+      listener = Pgbus::Hub::Listener.new(connection: TestDatabase.keywords(host: "127.0.0.1", port: proxy.port),
+                                          dispatch_queue: Queue.new).start
+      expect(listener.ensure_listening("silenced")).to eq(:done)
+      proxy.silence!
+      # Its UNLISTEN and close now wait out their timeouts (~0.4 s).
+      stopping = Thread.new { listener.stop }
+      expect(killed_within(stopping, settle: 0.1)).to be < PROMPT
+      wait_for("the pump and log threads to end") { listener.threads.empty? }
+      listener.stop # a second stop is fine
+      wait_for("the engine's thread to end") { native_threads("pgbus-listen") <= engines }
+    ensure
+      proxy&.close
+    end
   end
 end

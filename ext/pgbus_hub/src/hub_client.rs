@@ -2,9 +2,9 @@
 //! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
 
 use crate::errors::{invalid_queue, panicked, unavailable};
-use crate::nogvl::{nogvl, nogvl_cancellable};
+use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::pump::Outputs;
-use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Symbol};
+use magnus::{method, prelude::*, Error, RArray, RModule, RString, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
@@ -22,6 +22,7 @@ fn client_error(ruby: &Ruby, error: ClientError) -> Error {
     match error {
         ClientError::Unavailable(message) => unavailable(ruby, message),
         rejected @ ClientError::Rejected { .. } => invalid_queue(ruby, rejected.to_string()),
+        interrupted @ ClientError::Interrupted => unavailable(ruby, interrupted.to_string()),
     }
 }
 
@@ -30,11 +31,13 @@ impl RbHubClient {
         lock(&self.client).clone()
     }
 
-    /// Connects (without the GVL: connect(2) to a wedged hub can block).
+    /// Connects without the GVL (a hub whose listen backlog is full makes
+    /// connect wait); Thread#kill / Thread#raise end the wait at once,
+    /// leaving nothing open.
     fn native_connect(
         ruby: &Ruby,
         rb_self: &Self,
-        socket_path: String,
+        socket_path: RString,
         ack_timeout: f64,
     ) -> Result<(), Error> {
         if rb_self.client().is_some_and(|c| !c.is_dead()) {
@@ -42,16 +45,26 @@ impl RbHubClient {
         }
         let ack_timeout = Duration::try_from_secs_f64(ack_timeout)
             .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
-        let (log, records) = LogSink::channel();
-        let config = ClientConfig {
-            socket_path: socket_path.into(),
-            ack_timeout,
-            log,
+        let ((client, reader), records) = loop {
+            let (log, records) = LogSink::channel();
+            let config = ClientConfig {
+                socket_path: socket_path.to_string()?.into(),
+                ack_timeout,
+                log,
+            };
+            // Driven: the Ruby pump thread reads the socket itself (no reader thread).
+            let connected = nogvl_cancellable(move |cancelled| {
+                HubClient::connect_driven_or_cancel(config, cancelled)
+            })
+            .ok_or_else(|| panicked(ruby, "HubClient#connect"))?;
+            match connected {
+                Err(ClientError::Interrupted) => {
+                    drop(records); // nothing Rust owns may be live at the check
+                    check_interrupts();
+                }
+                connected => break (connected.map_err(|e| client_error(ruby, e))?, records),
+            }
         };
-        // Driven: the Ruby pump thread reads the socket itself (no reader thread).
-        let (client, reader) = nogvl(move || HubClient::connect_driven(config), || {})
-            .ok_or_else(|| panicked(ruby, "HubClient#connect"))?
-            .map_err(|e| client_error(ruby, e))?;
         *lock(&rb_self.client) = Some(Arc::new(client));
         rb_self.outputs.open(Arc::new(reader), records);
         Ok(())
@@ -94,12 +107,16 @@ impl RbHubClient {
         self.client().is_none_or(|c| c.is_dead())
     }
 
+    /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
+    /// the socket's last users at once (stopped all the same: see
+    /// `HubClient::stop_or_cancel`), and the outputs are closed either way.
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        if let Some(client) = rb_self.client() {
-            nogvl(move || client.stop(), || {}).ok_or_else(|| panicked(ruby, "HubClient#stop"))?;
-        }
+        let stopped = match rb_self.client() {
+            Some(client) => nogvl_cancellable(move |cancelled| client.stop_or_cancel(cancelled)),
+            None => Some(()),
+        };
         rb_self.outputs.close();
-        Ok(())
+        stopped.ok_or_else(|| panicked(ruby, "HubClient#stop"))
     }
 
     fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {

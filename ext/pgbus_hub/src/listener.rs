@@ -3,26 +3,26 @@
 //! lib/pgbus/hub/listener.rb owns the keywords, pump and log threads.
 
 use crate::errors::{hub_error, invalid_queue, panicked};
-use crate::nogvl::{nogvl, nogvl_cancellable};
+use crate::nogvl::nogvl_cancellable;
 use crate::options::listener_config;
 use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby, Symbol};
 use pgbus_hub_core::listener::StandaloneListener;
 use pgbus_hub_core::log::LogSink;
-use pgbus_hub_core::sync::{lock, read, write};
-use std::sync::{Arc, Mutex, RwLock};
+use pgbus_hub_core::sync::lock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Default)]
 #[magnus::wrap(class = "Pgbus::Hub::Listener")]
 pub struct RbListener {
-    /// RwLock: concurrent ensure_listening calls (one per request thread) share it; stop takes it alone.
-    listener: Mutex<Option<Arc<RwLock<StandaloneListener>>>>,
+    /// Shared by concurrent calls (one per request thread); `stop` takes it out.
+    listener: Mutex<Option<Arc<StandaloneListener>>>,
     outputs: Outputs,
 }
 
 impl RbListener {
-    fn listener(&self) -> Option<Arc<RwLock<StandaloneListener>>> {
+    fn listener(&self) -> Option<Arc<StandaloneListener>> {
         lock(&self.listener).clone()
     }
 
@@ -35,7 +35,7 @@ impl RbListener {
         let (deliveries, receiver) = pgbus_hub_core::delivery::channel();
         let listener = StandaloneListener::start(config, deliveries)
             .map_err(|e| hub_error(ruby, format!("cannot start the listener thread: {e}")))?;
-        *lock(&rb_self.listener) = Some(Arc::new(RwLock::new(listener)));
+        *lock(&rb_self.listener) = Some(Arc::new(listener));
         rb_self.outputs.open(Arc::new(receiver), records);
         Ok(())
     }
@@ -54,7 +54,7 @@ impl RbListener {
         let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
         // Thread#kill / Thread#raise end the wait at once (the LISTEN stays queued).
         let outcome = nogvl_cancellable(move |cancelled| {
-            read(&listener).ensure_listening_or_cancel(&queue, timeout, cancelled)
+            listener.ensure_listening_or_cancel(&queue, timeout, cancelled)
         })
         .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
         match outcome {
@@ -66,19 +66,18 @@ impl RbListener {
 
     fn native_remove_listening(&self, queue: String) {
         if let Some(listener) = self.listener() {
-            read(&listener).remove_listening(&queue);
+            listener.remove_listening(&queue);
         }
     }
 
     fn native_connected(&self) -> bool {
-        self.listener().is_some_and(|l| read(&l).stats().healthy())
+        self.listener().is_some_and(|l| l.stats().healthy())
     }
 
     fn native_stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         let hash = ruby.hash_new();
         if let Some(listener) = rb_self.listener() {
-            let guard = read(&listener);
-            let stats = guard.stats();
+            let stats = listener.stats();
             hash.aset(ruby.to_symbol("healthy"), stats.healthy())?;
             hash.aset(ruby.to_symbol("reconnects"), stats.reconnects())?;
             hash.aset(ruby.to_symbol("notifications"), stats.notifications())?;
@@ -89,14 +88,19 @@ impl RbListener {
         Ok(hash)
     }
 
+    /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
+    /// the engine's thread at once (it finishes shutting down detached: see
+    /// `StandaloneListener::stop_or_cancel`), and the outputs are closed either way.
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let taken = lock(&rb_self.listener).take();
-        if let Some(listener) = taken {
-            nogvl(move || write(&listener).stop(), || {})
-                .ok_or_else(|| panicked(ruby, "Listener#stop"))?;
-        }
+        let stopped = match taken {
+            Some(listener) => {
+                nogvl_cancellable(move |cancelled| listener.stop_or_cancel(cancelled))
+            }
+            None => Some(()),
+        };
         rb_self.outputs.close();
-        Ok(())
+        stopped.ok_or_else(|| panicked(ruby, "Listener#stop"))
     }
 
     fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {

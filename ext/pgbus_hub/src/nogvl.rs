@@ -12,18 +12,49 @@ struct Call<F, R> {
 
 unsafe extern "C" fn trampoline<F: FnOnce() -> R, R>(data: *mut c_void) -> *mut c_void {
     // SAFETY: `data` is the `Call` on `nogvl`'s stack, alive for the whole call.
-    let call = unsafe { &mut *(data as *mut Call<F, R>) };
+    run(unsafe { &mut *(data as *mut Call<F, R>) });
+    std::ptr::null_mut()
+}
+
+fn run<F: FnOnce() -> R, R>(call: &mut Call<F, R>) {
     if let Some(func) = call.func.take() {
         // A panic must not unwind into Ruby's C frames.
         call.result = Some(catch_unwind(AssertUnwindSafe(func)));
     }
-    std::ptr::null_mut()
 }
 
 unsafe extern "C" fn unblock_trampoline<U: Fn()>(data: *mut c_void) {
     // SAFETY: `data` is the `U` on `nogvl`'s stack, alive for the whole call.
     let unblock = unsafe { &*(data as *const U) };
     let _ = catch_unwind(AssertUnwindSafe(unblock));
+}
+
+/// Runs `call` with the GVL released. `unwinds`: Ruby acts on an interrupt
+/// inside the call (`rb_thread_call_without_gvl`: Thread#kill unwinds out of
+/// it, or skips it when already pending); otherwise only after the native
+/// method returns (`rb_thread_call_without_gvl2`: `call` is left unrun if an
+/// interrupt was already pending).
+fn without_gvl<F: FnOnce() -> R, R, U: Fn()>(call: &mut Call<F, R>, unblock: &U, unwinds: bool) {
+    let data = call as *mut Call<F, R> as *mut c_void;
+    let unblock_data = unblock as *const U as *mut c_void;
+    // SAFETY: both pointers outlive the call; the trampolines match their data types.
+    unsafe {
+        if unwinds {
+            rb_sys::rb_thread_call_without_gvl(
+                Some(trampoline::<F, R>),
+                data,
+                Some(unblock_trampoline::<U>),
+                unblock_data,
+            );
+        } else {
+            rb_sys::rb_thread_call_without_gvl2(
+                Some(trampoline::<F, R>),
+                data,
+                Some(unblock_trampoline::<U>),
+                unblock_data,
+            );
+        }
+    }
 }
 
 /// Calls `func` with the GVL released. `func` must not touch any Ruby object.
@@ -37,30 +68,43 @@ where
         func: Some(func),
         result: None,
     };
-    // SAFETY: both pointers outlive the call; the trampolines match their data types.
-    unsafe {
-        rb_sys::rb_thread_call_without_gvl(
-            Some(trampoline::<F, R>),
-            &mut call as *mut Call<F, R> as *mut c_void,
-            Some(unblock_trampoline::<U>),
-            &unblock as *const U as *mut c_void,
-        );
-    }
+    without_gvl(&mut call, &unblock, true);
     call.result.and_then(Result::ok)
 }
 
-/// [`nogvl`] for a wait that can be cut short: `func` gets a channel that
-/// receives when Ruby interrupts the call (Thread#kill, Thread#raise), and
-/// must then return promptly.
+/// [`nogvl`] for a call that can be cut short: `func` gets a channel that
+/// receives when Ruby interrupts the call (Thread#kill, Thread#raise,
+/// process shutdown), and must then return promptly. Ruby acts on the
+/// interrupt once the native method returns, not by unwinding out of this
+/// call, so whatever the method does after `func` (storing a result,
+/// closing outputs) always happens, and nothing `func` returns is leaked.
+/// If the interrupt was already pending, Ruby does not run `func`: it then
+/// runs here, with the GVL, already cancelled. None if `func` panicked.
 pub fn nogvl_cancellable<F, R>(func: F) -> Option<R>
 where
     F: FnOnce(&crossbeam_channel::Receiver<()>) -> R,
 {
     let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
-    nogvl(
-        move || func(&cancelled),
-        move || {
-            let _ = cancel.try_send(());
-        },
-    )
+    let interrupt = move || {
+        let _ = cancel.try_send(());
+    };
+    let mut call = Call {
+        func: Some(|| func(&cancelled)),
+        result: None,
+    };
+    without_gvl(&mut call, &interrupt, false);
+    if call.func.is_some() {
+        interrupt();
+        run(&mut call);
+    }
+    call.result.and_then(Result::ok)
+}
+
+/// Acts on a pending Ruby interrupt now, after a call [`nogvl_cancellable`]
+/// cut short: Thread#kill and Thread#raise unwind from here, so the caller
+/// must hold nothing that needs dropping; a bare wake-up (Thread#wakeup)
+/// returns, and the caller retries its call (as Ruby's own IO calls do).
+pub fn check_interrupts() {
+    // SAFETY: called with the GVL, on the Ruby thread the interrupt is for.
+    unsafe { rb_sys::rb_thread_check_ints() };
 }

@@ -9,9 +9,11 @@
 //! - [`listener`]: the LISTEN engine: one PostgreSQL connection, channel set, health check,
 //!   reconnect + re-LISTEN; used by the master hub and by the per-worker fallback listener.
 //! - [`hub`]: the master hub: Unix socket server, routing table, per-worker outboxes.
-//! - [`client`]: the worker's hub client: subscribe with acks, wakes to a delivery channel.
+//! - [`client`]: the worker's hub client: subscribe with acks (waiters), the reading side the
+//!   embedder's pump thread drives (no thread of its own), the failure model.
 //! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
-//! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves).
+//! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves;
+//!   the client's non-blocking socket).
 //! - [`shutdown`]: the one stop signal of a group of tasks.
 //! - [`sync`]: the lock helpers (a poisoned lock is taken as it is).
 

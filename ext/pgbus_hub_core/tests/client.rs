@@ -1,14 +1,18 @@
 //! HubClient against a stub hub: real Unix sockets, real threads, a real fork.
+//! A test thread plays the embedder's pump (it reads the socket for the client).
 
 mod support_hub;
 
 use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient, Listening};
-use pgbus_hub_core::delivery::{self, Delivery, DeliveryReceiver, WakeSource};
+use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::{Level, LogSink, Record};
 use pgbus_hub_core::protocol::{Message, Wake};
+use pgbus_hub_core::transport::socket::ClientSocket;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
+use support_hub::pump::{self, Pump};
 use support_hub::{AckMode, Behaviour, StubHub};
 
 /// The leak and fork tests need the process to themselves (fd and thread
@@ -23,28 +27,21 @@ fn exclusive() -> RwLockWriteGuard<'static, ()> {
     SERIAL.write().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A client with a running pump.
 struct Setup {
     hub: StubHub,
     client: Arc<HubClient>,
-    deliveries: DeliveryReceiver,
+    deliveries: Pump,
     logs: crossbeam_channel::Receiver<Record>,
 }
 
 fn setup_with(behaviour: Behaviour, ack_timeout: Duration) -> Setup {
-    let hub = StubHub::start(behaviour);
     let (log, logs) = LogSink::channel();
-    let (sender, deliveries) = delivery::channel();
-    let config = ClientConfig {
-        socket_path: hub.path().to_owned(),
-        ack_timeout,
-        log,
-    };
-    let client = HubClient::connect(config, sender).expect("connect");
-    hub.wait_connections(1);
+    let d = driven_with(behaviour, ack_timeout, log);
     Setup {
-        hub,
-        client: Arc::new(client),
-        deliveries,
+        hub: d.hub,
+        client: d.client,
+        deliveries: Pump::start(&d.reader),
         logs,
     }
 }
@@ -72,7 +69,7 @@ fn unavailable_message(result: Result<Listening, ClientError>) -> String {
 }
 
 /// Collects exactly one Failed and checks none follows.
-fn expect_one_failure(deliveries: &DeliveryReceiver) -> String {
+fn expect_one_failure(deliveries: &Pump) -> String {
     let reason = loop {
         match deliveries.recv_timeout(Duration::from_secs(5)) {
             Some(Delivery::Failed { reason }) => break reason,
@@ -428,8 +425,7 @@ fn remove_listening_on_a_dead_or_stopped_client_is_a_no_op() {
 }
 
 fn connect_error(path: &std::path::Path) -> String {
-    let (sender, _receiver) = delivery::channel();
-    match HubClient::connect(ClientConfig::new(path), sender) {
+    match HubClient::connect_driven(ClientConfig::new(path)) {
         Err(ClientError::Unavailable(message)) => message,
         Err(other) => panic!("unexpected {other:?}"),
         Ok(_) => panic!("connected to {}", path.display()),
@@ -468,6 +464,46 @@ fn connect_failures_are_unavailable_with_a_clear_reason() {
     );
 
     assert!(connect_error(std::path::Path::new("")).contains("empty"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn connect_waits_on_a_full_backlog_until_cancelled_and_leaves_nothing_open() {
+    let _serial = exclusive();
+    let dir = support_hub::temp_dir();
+    let path = dir.join("full.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // SAFETY: a valid listening socket; listen(2) again only shrinks its backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Queue connections until the kernel says the backlog is full (EAGAIN).
+    let (full, full_seen) = crossbeam_channel::bounded(1);
+    full.send(()).unwrap(); // taken by the first EAGAIN
+    let mut fillers = Vec::new();
+    while let Ok(filler) = ClientSocket::connect(&path, &full_seen) {
+        fillers.push(filler);
+    }
+    let fds = fd_count();
+    let (cancel, cancelled) = crossbeam_channel::bounded(1);
+    let config = ClientConfig::new(&path);
+    let connecting = thread::spawn(move || HubClient::connect_driven_or_cancel(config, &cancelled));
+    thread::sleep(Duration::from_millis(200));
+    assert!(
+        !connecting.is_finished(),
+        "connect did not wait for the backlog"
+    );
+    cancel.send(()).unwrap();
+    assert_eq!(
+        connecting.join().unwrap().err(),
+        Some(ClientError::Interrupted)
+    );
+    assert_eq!(fd_count(), fds, "the abandoned socket stayed open");
+
+    // Once the hub catches up, the same path connects.
+    for _ in &fillers {
+        drop(listener.accept().unwrap());
+    }
+    let (client, _reader) = HubClient::connect_driven(ClientConfig::new(&path)).unwrap();
+    assert!(!client.is_dead());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -634,50 +670,50 @@ fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Live client reader threads ("pgbus-hub-client", which the kernel's 15-byte
-/// `comm` truncates). Counting only ours: the test runner starts and ends
-/// its own threads concurrently, so the process-wide count is not stable.
-fn reader_thread_count() -> usize {
+/// Live test pump threads. Counting only ours: the test runner starts and
+/// ends its own threads concurrently, so the process-wide count is not stable.
+fn pump_thread_count() -> usize {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim_end() == "pgbus-hub-clien")
+        .filter(|comm| comm.trim_end() == pump::THREAD_NAME)
         .count()
+}
+
+/// A pumped client, stopped (or dropped) at once.
+fn connect_and_stop(hub: &StubHub, subscribe: bool, stop: bool) {
+    let (client, reader) = HubClient::connect_driven(ClientConfig::new(hub.path())).unwrap();
+    let pump = Pump::start(&Arc::new(reader));
+    if subscribe {
+        client.ensure_listening("q").unwrap();
+    }
+    if stop {
+        client.stop();
+    } // else: Drop stops it
+    drop(client);
+    // The pump sees `closed`, drops the reader (its eventfd) and ends.
+    let deliveries = pump.join();
+    assert_eq!(deliveries.try_recv().ok(), None, "stop sends nothing");
 }
 
 #[test]
 fn thousand_connect_stop_cycles_leak_no_fds_or_threads() {
     let _serial = exclusive();
     let hub = StubHub::start(Behaviour::default());
-    let (sender, receiver) = delivery::channel();
     // Warm up (lazy statics, the first accept) before taking the baseline.
-    HubClient::connect(ClientConfig::new(hub.path()), sender.clone())
-        .unwrap()
-        .stop();
+    connect_and_stop(&hub, true, true);
     hub.wait_no_connections();
     let fds = fd_count();
-    assert_eq!(
-        reader_thread_count(),
-        0,
-        "a reader outlived the warm-up stop"
-    );
     for i in 0..1000 {
-        let client = HubClient::connect(ClientConfig::new(hub.path()), sender.clone()).unwrap();
-        if i % 10 == 0 {
-            client.ensure_listening("q").unwrap();
-        }
-        if i % 2 == 0 {
-            client.stop();
-        } // else: Drop stops it
+        connect_and_stop(&hub, i % 10 == 0, i % 2 == 0);
     }
     hub.wait_no_connections();
-    wait_for("every reader thread to exit", || reader_thread_count() == 0);
+    assert_eq!(pump_thread_count(), 0, "a pump outlived its client");
     // No growth. (Fewer is fine: another test's leftovers may close meanwhile.)
     // Waited for: the stub hub's per-connection threads close their ends
     // just after the hub has forgotten the connection.
     wait_for("fds back to the baseline", || fd_count() <= fds);
-    println!("leak check: fds {fds} -> {}, reader threads 0", fd_count());
-    assert_eq!(receiver.recv_timeout(Duration::from_millis(50)), None);
+    println!("leak check: fds {fds} -> {}, pump threads 0", fd_count());
 }
 
 #[test]
@@ -702,8 +738,7 @@ fn measure_ensure_listening_round_trip() {
     );
 }
 
-// ---- Driven reading (HubClient::connect_driven): the gem's mode, where the
-// caller's pump thread reads the socket. A test thread plays the pump.
+// ---- The reading side itself: a client whose reader no thread pumps yet.
 
 struct Driven {
     hub: StubHub,
@@ -711,11 +746,12 @@ struct Driven {
     reader: Arc<DrivenReader>,
 }
 
-fn driven(behaviour: Behaviour, ack_timeout: Duration) -> Driven {
+fn driven_with(behaviour: Behaviour, ack_timeout: Duration, log: LogSink) -> Driven {
     let hub = StubHub::start(behaviour);
     let config = ClientConfig {
+        socket_path: hub.path().to_owned(),
         ack_timeout,
-        ..ClientConfig::new(hub.path())
+        log,
     };
     let (client, reader) = HubClient::connect_driven(config).expect("connect");
     hub.wait_connections(1);
@@ -726,32 +762,15 @@ fn driven(behaviour: Behaviour, ack_timeout: Duration) -> Driven {
     }
 }
 
-/// A pump thread: every batch until `closed`, forwarded in order.
-fn pump(
-    reader: &Arc<DrivenReader>,
-) -> (
-    crossbeam_channel::Receiver<Delivery>,
-    thread::JoinHandle<()>,
-) {
-    let (sender, deliveries) = crossbeam_channel::unbounded();
-    let reader = Arc::clone(reader);
-    let handle = thread::spawn(move || loop {
-        let batch = reader.next_batch(64, Duration::from_millis(500));
-        for item in batch.items {
-            let _ = sender.send(item);
-        }
-        if batch.closed {
-            return;
-        }
-    });
-    (deliveries, handle)
+fn driven(behaviour: Behaviour, ack_timeout: Duration) -> Driven {
+    driven_with(behaviour, ack_timeout, LogSink::silent())
 }
 
 #[test]
 fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
     let _serial = shared();
     let d = driven(Behaviour::default(), Duration::from_secs(2));
-    let (deliveries, pump_thread) = pump(&d.reader);
+    let pump = Pump::start(&d.reader);
     d.client
         .ensure_listening("q")
         .expect("acked by the pump's read");
@@ -765,16 +784,11 @@ fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
         d.hub.send(&Message::Wake(item.clone()));
     }
     let got: Vec<Delivery> = (0..200)
-        .map(|_| {
-            deliveries
-                .recv_timeout(Duration::from_secs(5))
-                .expect("wake")
-        })
+        .map(|_| pump.recv_timeout(Duration::from_secs(5)).expect("wake"))
         .collect();
     assert_eq!(got, expected);
     d.client.stop();
-    pump_thread.join().unwrap();
-    assert!(deliveries.try_recv().is_err(), "stop sends no Failed");
+    assert!(pump.join().try_recv().is_err(), "stop sends no Failed");
 }
 
 #[test]
@@ -805,31 +819,31 @@ fn driven_interrupt_releases_a_blocked_wait_at_once() {
     assert!(batch.interrupted && batch.items.is_empty() && !batch.closed);
     assert!(started.elapsed() < Duration::from_secs(10));
     // Cleared: the next wait is a real wait again, and the client still works.
-    let (_deliveries, pump_thread) = pump(&d.reader);
+    let pump = Pump::start(&d.reader);
     d.client.ensure_listening("q").expect("acked");
     d.client.stop();
-    pump_thread.join().unwrap();
+    pump.join();
 }
 
 #[test]
 fn driven_hub_eof_is_one_failed_then_closed_and_stop_ends_a_blocked_pump() {
     let _serial = shared();
     let d = driven(never_ack(), Duration::from_secs(2));
-    let (deliveries, pump_thread) = pump(&d.reader);
+    let pump = Pump::start(&d.reader);
     d.hub.send(&wake("q", Some("before")));
     d.hub.close_all();
     assert_eq!(
-        deliveries.recv_timeout(Duration::from_secs(5)).ok(),
+        pump.recv_timeout(Duration::from_secs(5)),
         Some(Delivery::Wake(Wake::new("q", Some("before"))))
     );
-    match deliveries.recv_timeout(Duration::from_secs(5)).ok() {
+    match pump.recv_timeout(Duration::from_secs(5)) {
         Some(Delivery::Failed { reason }) => {
             assert!(reason.contains("closed the transport"), "{reason}")
         }
         other => panic!("expected Failed, got {other:?}"),
     }
-    pump_thread.join().unwrap(); // the pump saw `closed` after Failed
-    assert!(deliveries.try_recv().is_err());
+    // The pump saw `closed` after Failed.
+    assert!(pump.join().try_recv().is_err());
     assert!(d.client.is_dead());
 
     // A pump blocked in a long wait is released by stop (shutdown(2) ends the poll).

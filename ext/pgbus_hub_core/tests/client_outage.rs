@@ -7,12 +7,13 @@
 mod support_hub;
 
 use pgbus_hub_core::client::{ClientConfig, HubClient, Listening, UNHEALTHY_ACK_GRACE};
-use pgbus_hub_core::delivery::{self, Delivery};
+use pgbus_hub_core::delivery::Delivery;
 use pgbus_hub_core::log::{Level, LogSink};
 use pgbus_hub_core::protocol::Message;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support_hub::pump::Pump;
 use support_hub::{AckMode, Behaviour, StubHub};
 
 /// Far above the grace period, so a test that waited it out would show.
@@ -33,13 +34,13 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
         ..Behaviour::default()
     });
     let (log, logs) = LogSink::channel();
-    let (sender, deliveries) = delivery::channel();
     let config = ClientConfig {
         socket_path: hub.path().to_owned(),
         ack_timeout: ACK_TIMEOUT,
         log,
     };
-    let client = Arc::new(HubClient::connect(config, sender).expect("connect"));
+    let (client, reader) = HubClient::connect_driven(config).expect("connect");
+    let (client, deliveries) = (Arc::new(client), Pump::start(&Arc::new(reader)));
     hub.wait_connections(1);
 
     // A sub waiting for its ack when the hub's database goes away is released at the flip.
@@ -129,13 +130,13 @@ fn a_hub_that_is_healthy_but_silent_still_times_out_and_fails_over() {
         ..Behaviour::default()
     });
     let (log, _logs) = LogSink::channel();
-    let (sender, deliveries) = delivery::channel();
     let config = ClientConfig {
         socket_path: hub.path().to_owned(),
         ack_timeout: Duration::from_millis(300),
         log,
     };
-    let client = HubClient::connect(config, sender).expect("connect");
+    let (client, reader) = HubClient::connect_driven(config).expect("connect");
+    let deliveries = Pump::start(&Arc::new(reader));
     hub.wait_connections(1);
     assert!(client.ensure_listening("q").is_err());
     assert!(client.is_dead());

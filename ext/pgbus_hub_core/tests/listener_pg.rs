@@ -712,7 +712,7 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     config.channel_prefix = String::new();
     config.channel_suffix = String::new();
     let (sender, receiver) = delivery::channel();
-    let mut standalone = StandaloneListener::start(config, sender).unwrap();
+    let standalone = StandaloneListener::start(config, sender).unwrap();
     let queue = tag();
     standalone
         .ensure_listening(&queue, Duration::from_secs(5))

@@ -1,7 +1,7 @@
 //! The per-worker fallback listener: the engine on a thread of its own
 //! (a current_thread runtime), driven by blocking calls.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -9,16 +9,21 @@ use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerS
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::process::Owner;
+use crate::sync::lock;
 
 /// How long `stop` waits for the thread (the engine's own shutdown is
 /// bounded by ~0.5 s: UNLISTEN * 200 ms + close 200 ms).
 const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `Send + Sync`: every method takes `&self`, so `stop` never waits for a
+/// concurrent `ensure_listening` to let go of the listener.
 pub struct StandaloneListener {
     owner: Owner,
+    /// None only in a forked child's drop (leaked there, see Drop).
     handle: Option<ListenerHandle>,
     stats: Arc<ListenerStats>,
-    thread: Option<JoinHandle<()>>,
+    /// Taken by the first `stop`.
+    thread: Mutex<Option<JoinHandle<()>>>,
     finished: crossbeam_channel::Receiver<()>,
     log: LogSink,
 }
@@ -27,7 +32,7 @@ impl std::fmt::Debug for StandaloneListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StandaloneListener")
             .field("owner", &self.owner)
-            .field("running", &self.thread.is_some())
+            .field("running", &lock(&self.thread).is_some())
             .finish()
     }
 }
@@ -75,7 +80,7 @@ impl StandaloneListener {
             owner: Owner::current(),
             handle: Some(handle),
             stats,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
             finished,
             log,
         })
@@ -96,9 +101,8 @@ impl StandaloneListener {
         timeout: Duration,
         cancel: &crossbeam_channel::Receiver<()>,
     ) -> Result<(), ListenError> {
-        let handle = match (&self.handle, self.owner.is_current()) {
-            (Some(handle), true) => handle,
-            _ => return Err(ListenError::Stopped),
+        let Some(handle) = self.handle() else {
+            return Err(ListenError::Stopped);
         };
         let (sender, receiver) = crossbeam_channel::bounded(1);
         handle.listen_then(queue, move |outcome| {
@@ -113,7 +117,7 @@ impl StandaloneListener {
 
     /// Asynchronous UNLISTEN.
     pub fn remove_listening(&self, queue: &str) {
-        if let (Some(handle), true) = (&self.handle, self.owner.is_current()) {
+        if let Some(handle) = self.handle() {
             handle.unlisten(queue);
         }
     }
@@ -122,28 +126,44 @@ impl StandaloneListener {
         &self.stats
     }
 
-    /// The engine's handle (for async callers on other runtimes).
+    /// The engine's handle (for async callers on other runtimes); None once
+    /// stopped, and in a forked child.
     pub fn handle(&self) -> Option<&ListenerHandle> {
-        self.handle.as_ref()
+        self.handle
+            .as_ref()
+            .filter(|handle| self.owner.is_current() && !handle.is_stopped())
     }
 
     /// Idempotent. Joins the thread within ~2 s. In a forked child it does nothing.
-    pub fn stop(&mut self) {
+    pub fn stop(&self) {
+        self.stop_or_cancel(&crossbeam_channel::never());
+    }
+
+    /// [`StandaloneListener::stop`], no longer waiting for the thread once
+    /// `cancel` receives (an embedder's unblock function): the engine is told
+    /// to stop all the same and its thread, detached, ends on its own (its
+    /// shutdown is bounded, see [`STOP_JOIN_TIMEOUT`]).
+    pub fn stop_or_cancel(&self, cancel: &crossbeam_channel::Receiver<()>) {
         if !self.owner.is_current() {
             return;
         }
-        if let Some(handle) = self.handle.take() {
+        if let Some(handle) = &self.handle {
             handle.stop();
         }
-        if let Some(thread) = self.thread.take() {
-            match self.finished.recv_timeout(STOP_JOIN_TIMEOUT) {
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    let _ = thread.join();
-                }
-                _ => self.log.warn(
-                    "pgbus-hub fallback listener did not stop within 2 s; leaving its thread detached",
-                ),
+        let Some(thread) = lock(&self.thread).take() else {
+            return;
+        };
+        crossbeam_channel::select! {
+            // Disconnected: the thread dropped its sender on its way out.
+            recv(self.finished) -> _ => {
+                let _ = thread.join();
             }
+            recv(cancel) -> _ => self.log.debug(
+                "pgbus-hub fallback listener stop interrupted; its thread finishes shutting down detached",
+            ),
+            default(STOP_JOIN_TIMEOUT) => self.log.warn(
+                "pgbus-hub fallback listener did not stop within 2 s; leaving its thread detached",
+            ),
         }
     }
 }
@@ -157,7 +177,8 @@ impl Drop for StandaloneListener {
             // connection is the parent's. Touch neither (no wake of the
             // parent's runtime through inherited fds, no detach of a foreign thread).
             std::mem::forget(self.handle.take());
-            std::mem::forget(self.thread.take());
+            let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(thread.take());
         }
     }
 }

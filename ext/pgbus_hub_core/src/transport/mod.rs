@@ -1,11 +1,13 @@
 //! The framed connection between the hub and a worker, for each side's I/O
 //! model: the hub's workers are tokio tasks ([`connection`]); the client is
-//! driven by whichever thread waits for wakes, over a plain socket. Both read
+//! driven by whichever thread waits for wakes, over a non-blocking socket
+//! ([`socket`]). Both read
 //! into a [`crate::protocol::Decoder`]'s buffer and write whole frames. (The
 //! binding's `Protocol.read_frame` reads through a Ruby IO, so it shares only
 //! the framing functions in [`crate::protocol`].)
 
 pub mod connection;
+pub mod socket;
 
 use std::path::Path;
 

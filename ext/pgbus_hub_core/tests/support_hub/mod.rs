@@ -15,6 +15,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod pump;
+
 #[derive(Clone, Debug)]
 pub enum AckMode {
     /// Ack every sub as soon as it is read.

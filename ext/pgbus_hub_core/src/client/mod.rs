@@ -1,0 +1,620 @@
+//! The worker's hub client: one Unix-socket connection to the master hub.
+//!
+//! `ensure_listening` writes `sub` and blocks until the hub acks (the LISTEN
+//! is active), so the no-lost-wake contract crosses the process boundary.
+//! Whoever reads the socket decodes the hub's frames: wakes go to the
+//! [`DeliverySender`] (per-queue order preserved), acks release waiters,
+//! `status` records the hub's health. Nobody reads for the client but the
+//! embedder: [`HubClient::connect_driven`] returns a [`DrivenReader`] whose
+//! `next_batch`, called on the embedder's pump thread, polls the socket
+//! itself. A wake costs one thread wake-up instead of two (a reader thread,
+//! then the pump thread), and a Ruby process that stops draining its wakes
+//! pushes back on the hub (drops, then eviction) instead of growing an
+//! in-process queue. Acks are resolved inside the same wait, so they need the
+//! pump thread to be running: a pump stuck in Ruby for longer than
+//! `ack_timeout` makes `ensure_listening` time out (and fail over).
+//!
+//! Files: this one holds the API and the failure model; [`waiters`] the subs
+//! awaiting the hub's answer; [`driven`] the reading side; the socket itself
+//! is [`crate::transport::socket`].
+//!
+//! Database outages are not transport failures. While the hub's last
+//! `status` says its PostgreSQL connection is down, `ensure_listening` returns
+//! [`Listening::AfterReconnect`] on the hub's ack (our hub acks such a sub at
+//! once) or after [`UNHEALTHY_ACK_GRACE`] without one (a hub that holds the
+//! ack until it reconnects): the hub keeps the sub and LISTENs it when it
+//! reconnects, so the worker stays on the hub (one connection per host)
+//! instead of failing over to a connection of its own that it would keep
+//! after the database is back.
+//!
+//! Failure model (pgbus 0.13.1's): never retry, never reconnect. The first of
+//! EOF, reset, a protocol error from the hub, an ack timeout or a stalled write
+//! marks the client dead: every pending waiter is released, the socket is shut
+//! down and [`Delivery::Failed`] is sent exactly once (the embedding runtime's
+//! cue to fail over to a per-worker listener). A clean [`HubClient::stop`]
+//! releases waiters too but never sends `Failed`.
+//!
+//! Fork: a client inherited by a forked child is inert there. It reports dead
+//! and never writes to or shuts down the parent's socket.
+
+mod driven;
+mod waiters;
+
+pub use driven::DrivenReader;
+
+use crate::delivery::{self, Delivery, DeliverySender};
+use crate::log::LogSink;
+use crate::process::Owner;
+use crate::protocol::Message;
+use crate::sync::{lock, read};
+use crate::transport::socket::{ClientSocket, ConnectError, WriteError};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use driven::Wakeup;
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use waiters::{Outcome, Waiters};
+
+/// pgbus's default ack budget.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A worker waits one health-check cycle plus this for the hub's ack (pgbus's
+/// `build_hub_listener`): a second more than pgbus's hub gives its own LISTEN
+/// ([`crate::listener::LISTEN_ACK_MARGIN`]), so a slow LISTEN there times out
+/// in the hub first, not as a worker fail-over.
+pub const HUB_ACK_MARGIN: Duration = Duration::from_secs(2);
+
+/// The ack budget a worker's client gets for `health_check` (pgbus's formula).
+pub fn hub_ack_timeout(health_check: Duration) -> Duration {
+    health_check + HUB_ACK_MARGIN
+}
+
+/// How long `stop` waits for the socket's last users (a writer, the pump's
+/// poll) to let go before leaving the close to the client's drop. Both
+/// return as soon as stop's shutdown(2) lands; this only bounds a wedge.
+pub const STOP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long `ensure_listening` waits for an ack while the hub reports its
+/// database connection down. Long enough for a hub still making its first
+/// connection to a local server (a few ms) to ack; short enough that a request
+/// subscribing during an outage stays far below 100 ms and far below
+/// `ack_timeout` (seconds), which is for a hub that is gone or wedged.
+pub const UNHEALTHY_ACK_GRACE: Duration = Duration::from_millis(50);
+
+const LOG_PREFIX: &str = "[pgbus-hub] HubClient:";
+
+const INHERITED: &str = "master hub client was inherited across fork; connect a new one";
+
+const STOPPED: &str = "master hub client stopped";
+
+pub struct ClientConfig {
+    pub socket_path: PathBuf,
+    /// Bounds both the write of a frame and the wait for a `sub`'s ack.
+    pub ack_timeout: Duration,
+    pub log: LogSink,
+}
+
+impl ClientConfig {
+    /// Default ack timeout (2 s), log records to the `log` facade only.
+    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            log: LogSink::silent(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The hub cannot serve this request (unreachable, dead, timed out,
+    /// stopped, inherited across fork). The message says which.
+    Unavailable(String),
+    /// The hub refused this queue (a `nack` frame); the client stays alive.
+    Rejected { queue: String, reason: String },
+    /// The caller cancelled a connect (an embedder's unblock function);
+    /// nothing was left open.
+    Interrupted,
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(message) => f.write_str(message),
+            Self::Rejected { queue, reason } => {
+                write!(f, "master hub refused {queue}: {reason}")
+            }
+            Self::Interrupted => f.write_str("connecting to the master hub was interrupted"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// How `ensure_listening` succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listening {
+    /// The hub acked: its LISTEN is active.
+    Active,
+    /// The hub's database connection is down: the sub is registered there and
+    /// is LISTENed when the hub reconnects (not waited for).
+    AfterReconnect,
+    /// The caller cancelled the wait (an embedder's unblock function: Ruby's
+    /// Thread#kill): the sub was sent and stays registered, unconfirmed.
+    Interrupted,
+}
+
+#[derive(Default)]
+struct State {
+    /// Set once, by the first of death or stop; never cleared.
+    dead_reason: Option<String>,
+    waiters: Waiters,
+}
+
+struct Inner {
+    socket_path: PathBuf,
+    ack_timeout: Duration,
+    log: LogSink,
+    deliveries: DeliverySender,
+    /// Shared (read) by the reader's poll and reads, the writer and
+    /// shutdown(2); taken (write) only by `stop`, to close it.
+    socket: RwLock<Option<ClientSocket>>,
+    /// The descriptor number, for a forked child to close its copy without
+    /// touching locks a parent thread may have held at fork time.
+    raw_fd: RawFd,
+    /// False from just before `stop` closes the descriptor.
+    fd_open: AtomicBool,
+    /// Frames never interleave.
+    write_lock: Mutex<()>,
+    state: Mutex<State>,
+    /// Mirrors `state.dead_reason.is_some()` for lock-free reads.
+    dead: AtomicBool,
+    healthy: AtomicBool,
+    /// Set when a sub returned `AfterReconnect` (and logged), cleared when the
+    /// hub is healthy again: one WARN per outage.
+    outage_logged: AtomicBool,
+}
+
+/// The worker side of the master hub. `Send + Sync`: every method may be
+/// called from any thread, concurrently.
+pub struct HubClient {
+    inner: Arc<Inner>,
+    owner: Owner,
+}
+
+/// Seconds the way Ruby prints a Float: 2.0, 0.25.
+fn seconds(duration: Duration) -> String {
+    format!("{:?}", duration.as_secs_f64())
+}
+
+fn unavailable(message: impl Into<String>) -> ClientError {
+    ClientError::Unavailable(message.into())
+}
+
+fn unreachable_at(socket_path: &std::path::Path, why: String) -> ClientError {
+    unavailable(format!(
+        "cannot reach master hub at {}: {why}",
+        socket_path.display()
+    ))
+}
+
+impl HubClient {
+    /// Connects; the returned [`DrivenReader`] reads the socket whenever its
+    /// caller waits for wakes (see the module doc).
+    pub fn connect_driven(config: ClientConfig) -> Result<(Self, DrivenReader), ClientError> {
+        Self::connect_driven_or_cancel(config, &crossbeam_channel::never())
+    }
+
+    /// [`HubClient::connect_driven`], giving up as soon as `cancel` receives
+    /// while the hub's listen backlog is full (an embedder's unblock
+    /// function): then `Interrupted`, and nothing stays open.
+    pub fn connect_driven_or_cancel(
+        config: ClientConfig,
+        cancel: &Receiver<()>,
+    ) -> Result<(Self, DrivenReader), ClientError> {
+        let (deliveries, receiver) = delivery::channel();
+        let inner = Inner::connect(config, deliveries, cancel)?;
+        let wakeup = Wakeup::new()
+            .map_err(|e| inner.unreachable(format!("cannot create the wake-up eventfd: {e}")))?;
+        let owner = Owner::current();
+        let reader = DrivenReader {
+            inner: ManuallyDrop::new(Arc::clone(&inner)),
+            receiver: ManuallyDrop::new(receiver),
+            decoder: Mutex::default(),
+            wakeup,
+            owner,
+        };
+        Ok((Self { inner, owner }, reader))
+    }
+
+    /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active),
+    /// or, while the hub reports its database down, at most
+    /// [`UNHEALTHY_ACK_GRACE`] (then `AfterReconnect`).
+    pub fn ensure_listening(&self, queue: &str) -> Result<Listening, ClientError> {
+        self.ensure_listening_or_cancel(queue, &crossbeam_channel::never())
+    }
+
+    /// [`HubClient::ensure_listening`], returning [`Listening::Interrupted`]
+    /// as soon as `cancel` receives.
+    pub fn ensure_listening_or_cancel(
+        &self,
+        queue: &str,
+        cancel: &Receiver<()>,
+    ) -> Result<Listening, ClientError> {
+        if !self.owner.is_current() {
+            return Err(unavailable(INHERITED));
+        }
+        let inner = &*self.inner;
+        let frame = Message::Sub(queue.to_owned())
+            .encode()
+            .map_err(|e| ClientError::Rejected {
+                queue: queue.to_owned(),
+                reason: format!("the sub frame cannot be encoded: {e}"),
+            })?;
+        let (id, outcome) = {
+            let mut state = lock(&inner.state);
+            if let Some(reason) = &state.dead_reason {
+                return Err(unavailable(format!("master hub is unavailable: {reason}")));
+            }
+            // Registered BEFORE the write: the ack may beat our return from it.
+            state.waiters.add(queue)
+        };
+        if let Err(reason) = inner.write_frame(&frame) {
+            inner.discard_waiter(queue, id);
+            inner.mark_dead(reason);
+            return Err(inner.unavailable_now());
+        }
+        // Unhealthy when the sub went out: wait the grace period only; if no ack
+        // came by then, the LISTEN waits for the hub's reconnect, not the hub.
+        let in_outage = !inner.healthy.load(Ordering::Acquire);
+        let budget = if in_outage {
+            inner.ack_timeout.min(UNHEALTHY_ACK_GRACE)
+        } else {
+            inner.ack_timeout
+        };
+        let received = crossbeam_channel::select! {
+            recv(outcome) -> result => result.map_err(|_| RecvTimeoutError::Disconnected),
+            recv(cancel) -> _ => {
+                if inner.discard_waiter(queue, id) {
+                    return Ok(Listening::Interrupted);
+                }
+                // Already answered under the state lock: the outcome is in the channel.
+                outcome.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+            }
+            default(budget) => Err(RecvTimeoutError::Timeout),
+        };
+        let result = match received {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                if inner.discard_waiter(queue, id) {
+                    if !in_outage {
+                        inner.mark_dead(format!(
+                            "sub ack for {queue} not received within {}s",
+                            seconds(inner.ack_timeout)
+                        ));
+                        return Err(unavailable(format!("master hub ack timeout for {queue}")));
+                    }
+                    Outcome::HubUnhealthy
+                } else {
+                    // Someone took the waiter out under the state lock, and sends
+                    // its outcome under that lock: it is already in the channel.
+                    outcome.try_recv().unwrap_or(Outcome::Died)
+                }
+            }
+        };
+        match result {
+            Outcome::Acked => Ok(Listening::Active),
+            Outcome::HubUnhealthy => {
+                if !inner.outage_logged.swap(true, Ordering::AcqRel) {
+                    inner.log.warn(format!(
+                        "{LOG_PREFIX} the master hub reports its database connection down: {queue} \
+                         (and later subs) stay registered there and are LISTENed when it reconnects; \
+                         until then ensure_listening returns without confirmation"
+                    ));
+                }
+                Ok(Listening::AfterReconnect)
+            }
+            Outcome::Died => Err(unavailable(format!(
+                "master hub died while awaiting ack for {queue}"
+            ))),
+            Outcome::Stopped => Err(unavailable(format!(
+                "{STOPPED} while awaiting ack for {queue}"
+            ))),
+            Outcome::Rejected(reason) => Err(ClientError::Rejected {
+                queue: queue.to_owned(),
+                reason,
+            }),
+        }
+    }
+
+    /// Fire-and-forget `unsub`. A no-op on a dead, stopped or inherited
+    /// client; a failed write marks the client dead but is not reported here.
+    pub fn remove_listening(&self, queue: &str) {
+        if !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire) {
+            return;
+        }
+        let frame = match Message::Unsub(queue.to_owned()).encode() {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.inner.log.warn(format!(
+                    "{LOG_PREFIX} cannot encode unsub for {queue:?}: {e}"
+                ));
+                return;
+            }
+        };
+        if let Err(reason) = self.inner.write_frame(&frame) {
+            self.inner.mark_dead(reason);
+        }
+    }
+
+    /// The hub's last `status{healthy}`; true before the first, false once dead.
+    pub fn hub_healthy(&self) -> bool {
+        self.owner.is_current()
+            && !self.inner.dead.load(Ordering::Acquire)
+            && self.inner.healthy.load(Ordering::Acquire)
+    }
+
+    /// True once the transport died or the client was stopped, and always in
+    /// a forked child.
+    pub fn is_dead(&self) -> bool {
+        !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire)
+    }
+
+    /// Why the client is dead (None while alive).
+    pub fn dead_reason(&self) -> Option<String> {
+        if !self.owner.is_current() {
+            return Some(INHERITED.to_owned());
+        }
+        lock(&self.inner.state).dead_reason.clone()
+    }
+
+    /// Idempotent. Releases pending waiters, shuts the socket down (the
+    /// hub sees EOF, a pump's poll ends) and closes it once its last users
+    /// let go (at most [`STOP_CLOSE_TIMEOUT`]). Never sends
+    /// `Delivery::Failed`. Does nothing in a forked child.
+    pub fn stop(&self) {
+        self.stop_or_cancel(&crossbeam_channel::never());
+    }
+
+    /// [`HubClient::stop`], no longer waiting to close the socket once
+    /// `cancel` receives (an embedder's unblock function): the client is
+    /// stopped and its socket shut down all the same; the descriptor closes
+    /// at the next `stop` or when the client drops.
+    pub fn stop_or_cancel(&self, cancel: &Receiver<()>) {
+        if !self.owner.is_current() {
+            return;
+        }
+        self.inner.kill(STOPPED.to_owned(), Outcome::Stopped, false);
+        self.inner
+            .close(Instant::now() + STOP_CLOSE_TIMEOUT, cancel);
+    }
+}
+
+impl Drop for HubClient {
+    fn drop(&mut self) {
+        if self.owner.is_current() {
+            self.stop();
+            return;
+        }
+        // Forked child: the locks may be held by parent threads that do not
+        // exist here. Shut nothing down, drop nothing that would close or free.
+        std::mem::forget(Arc::clone(&self.inner));
+        // Close only this process's copy of the descriptor (close(2), never
+        // shutdown(2)): the parent's connection is untouched, and the hub
+        // still sees EOF when the parent goes away.
+        if self.inner.fd_open.load(Ordering::Acquire) {
+            // SAFETY: the fd was open at fork time (fd_open is cleared before
+            // the parent closes it) and nothing in this process will close it
+            // again: the socket owning it is leaked above.
+            unsafe {
+                libc::close(self.inner.raw_fd);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn connect(
+        config: ClientConfig,
+        deliveries: DeliverySender,
+        cancel: &Receiver<()>,
+    ) -> Result<Arc<Self>, ClientError> {
+        let ClientConfig {
+            socket_path,
+            ack_timeout,
+            log,
+        } = config;
+        let unreachable = |why: String| unreachable_at(&socket_path, why);
+        crate::transport::check_socket_path(&socket_path).map_err(unreachable)?;
+        let socket = ClientSocket::connect(&socket_path, cancel).map_err(|e| match e {
+            ConnectError::Cancelled => ClientError::Interrupted,
+            ConnectError::Failed(e) => unreachable(e.to_string()),
+        })?;
+        let raw_fd = socket.raw_fd();
+        Ok(Arc::new(Inner {
+            socket_path,
+            ack_timeout,
+            log,
+            deliveries,
+            socket: RwLock::new(Some(socket)),
+            raw_fd,
+            fd_open: AtomicBool::new(true),
+            write_lock: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            dead: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+            outage_logged: AtomicBool::new(false),
+        }))
+    }
+
+    fn unreachable(&self, why: String) -> ClientError {
+        unreachable_at(&self.socket_path, why)
+    }
+
+    /// The error for a call on a dead client.
+    fn unavailable_now(&self) -> ClientError {
+        let reason = lock(&self.state)
+            .dead_reason
+            .clone()
+            .unwrap_or_else(|| "unknown reason".into());
+        unavailable(format!("master hub is unavailable: {reason}"))
+    }
+
+    /// Removes waiter `id`; false if it was already answered.
+    fn discard_waiter(&self, queue: &str, id: u64) -> bool {
+        lock(&self.state).waiters.discard(queue, id)
+    }
+
+    /// The transport died: idempotent, one `Delivery::Failed`.
+    fn mark_dead(&self, reason: String) {
+        self.kill(reason, Outcome::Died, true);
+    }
+
+    /// First caller wins: records the reason, releases every waiter, shuts
+    /// the socket down; with `report`, logs and sends `Delivery::Failed`.
+    fn kill(&self, reason: String, outcome: Outcome, report: bool) {
+        {
+            let mut state = lock(&self.state);
+            if state.dead_reason.is_some() {
+                return;
+            }
+            state.dead_reason = Some(reason.clone());
+            self.dead.store(true, Ordering::Release);
+            self.healthy.store(false, Ordering::Release);
+            // Under the lock: a waiter that times out concurrently either
+            // finds itself still pending or finds its outcome already sent.
+            state.waiters.answer_all(&outcome);
+            if report {
+                // Under the lock too: wakes are sent under it, so Failed is
+                // the last delivery this client ever makes.
+                self.deliveries.send(Delivery::Failed {
+                    reason: reason.clone(),
+                });
+            }
+        }
+        if let Some(socket) = read(&self.socket).as_ref() {
+            socket.shutdown();
+        }
+        if report {
+            self.log.warn(format!(
+                "{LOG_PREFIX} {reason} — falling back to a per-worker listener"
+            ));
+        }
+    }
+
+    /// Closes the socket once nobody uses it. Users hold it only for a
+    /// bounded time after shutdown(2); if one still does at `deadline`, or
+    /// `cancel` receives first, the socket closes when the client drops.
+    fn close(&self, deadline: Instant, cancel: &Receiver<()>) {
+        loop {
+            let mut socket = match self.socket.try_write() {
+                Ok(socket) => socket,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let pause = left.min(Duration::from_millis(1));
+                    if left.is_zero() || cancel.recv_timeout(pause).is_ok() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            self.fd_open.store(false, Ordering::Release);
+            drop(socket.take());
+            return;
+        }
+    }
+
+    /// Writes a whole frame within `ack_timeout`; Err(reason) on a failure
+    /// or stall (the caller marks the client dead).
+    fn write_frame(&self, frame: &[u8]) -> Result<(), String> {
+        let deadline = Instant::now().checked_add(self.ack_timeout);
+        let _serial = lock(&self.write_lock);
+        let socket = read(&self.socket);
+        let Some(socket) = socket.as_ref() else {
+            return Err(STOPPED.into());
+        };
+        socket.write_frame(frame, deadline).map_err(|e| match e {
+            WriteError::Stalled => format!(
+                "write to master hub stalled for {}s",
+                seconds(self.ack_timeout)
+            ),
+            WriteError::Failed(error) => format!("write to master hub failed: {error}"),
+        })
+    }
+
+    /// What one frame from the hub does to the client.
+    fn handle_frame(&self, message: Message) {
+        match message {
+            Message::Wake(wake) => {
+                let state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    self.deliveries.send(Delivery::Wake(wake));
+                }
+            }
+            Message::Ack(queue) => {
+                // After `healthy: false` the hub acks a sub it will LISTEN on
+                // reconnect (frames arrive in the order sent).
+                let outcome = if self.healthy.load(Ordering::Acquire) {
+                    Outcome::Acked
+                } else {
+                    Outcome::HubUnhealthy
+                };
+                self.answer_oldest(&queue, "ack", outcome);
+            }
+            Message::Status { healthy } => {
+                let mut state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    let was = self.healthy.swap(healthy, Ordering::AcqRel);
+                    if was && !healthy {
+                        // Nobody waits out ack_timeout for a LISTEN that needs a reconnect first.
+                        state.waiters.answer_all(&Outcome::HubUnhealthy);
+                    }
+                    if healthy && !was && self.outage_logged.swap(false, Ordering::AcqRel) {
+                        drop(state);
+                        self.log.info(format!(
+                            "{LOG_PREFIX} the master hub's database connection is back"
+                        ));
+                    }
+                }
+            }
+            Message::Nack { queue, reason } => {
+                self.answer_oldest(&queue, "nack", Outcome::Rejected(reason))
+            }
+            Message::Sub(_) | Message::Unsub(_) | Message::Unknown(_) => {
+                self.log.warn(format!(
+                    "{LOG_PREFIX} hub sent unknown frame {}; ignored",
+                    describe_kind(&message)
+                ));
+            }
+        }
+    }
+
+    /// The hub's answer to the oldest sub for `queue`: an ack, or (our
+    /// extension) `{"t":"nack","q":Q,"reason":R}`, which fails that waiter
+    /// only; the client stays alive.
+    fn answer_oldest(&self, queue: &str, kind: &str, outcome: Outcome) {
+        if !lock(&self.state).waiters.answer_oldest(queue, outcome) {
+            self.log.debug(format!(
+                "{LOG_PREFIX} {kind} for {queue:?} with no waiter; ignored"
+            ));
+        }
+    }
+}
+
+/// The "t" of an unexpected frame, for the log line.
+fn describe_kind(message: &Message) -> String {
+    match message {
+        Message::Sub(_) => "\"sub\"".into(),
+        Message::Unsub(_) => "\"unsub\"".into(),
+        Message::Unknown(object) => match object.get("t") {
+            Some(kind) => kind.to_string(),
+            None => "without \"t\"".into(),
+        },
+        _ => "?".into(),
+    }
+}

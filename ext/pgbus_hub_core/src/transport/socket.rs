@@ -1,0 +1,162 @@
+//! The client's side of a hub connection: one non-blocking Unix socket. The
+//! thread waiting for wakes polls it (with one more descriptor that another
+//! thread can signal) and reads straight into a [`Decoder`]'s buffer; a
+//! writer sends one whole frame within a deadline. rustix wraps the
+//! syscalls std lacks (poll, send without SIGPIPE, a connect that can be
+//! abandoned), so none of this needs `unsafe`.
+
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{
+    connect, send, socket_with, AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+use crate::protocol::Decoder;
+
+/// How often a connect that found the hub's listen backlog full tries again.
+/// A non-blocking connect(2) to a Unix socket cannot be waited for (poll has
+/// nothing to report until it is retried); a full backlog means the hub is
+/// behind on accepting, so a few ms more are nothing, and a cancel is seen
+/// at once (the pause is a wait on the cancel channel).
+const CONNECT_RETRY: Duration = Duration::from_millis(5);
+
+/// Why [`ClientSocket::connect`] returned without a connection.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The cancel channel received while the hub's backlog was full.
+    Cancelled,
+    Failed(io::Error),
+}
+
+/// Why [`ClientSocket::write_frame`] gave up.
+#[derive(Debug)]
+pub enum WriteError {
+    /// The peer read too little for the whole frame to go out by the deadline.
+    Stalled,
+    Failed(io::Error),
+}
+
+/// What [`ClientSocket::wait_readable`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Bytes, EOF or an error are there to read (or poll failed: the read says why).
+    Readable,
+    /// The other descriptor was signalled.
+    Signalled,
+    TimedOut,
+}
+
+#[derive(Debug)]
+pub struct ClientSocket {
+    stream: UnixStream,
+}
+
+impl ClientSocket {
+    /// Connects like a blocking connect(2) would (it waits while the hub's
+    /// listen backlog is full), but gives up as soon as `cancel` receives.
+    pub fn connect(path: &Path, cancel: &Receiver<()>) -> Result<Self, ConnectError> {
+        let failed = |errno: Errno| ConnectError::Failed(errno.into());
+        let address = SocketAddrUnix::new(path).map_err(failed)?;
+        let socket = socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(failed)?;
+        loop {
+            match connect(&socket, &address) {
+                Ok(()) => {
+                    return Ok(Self {
+                        stream: UnixStream::from(socket),
+                    })
+                }
+                // EAGAIN: the backlog is full (Unix sockets never say EINPROGRESS).
+                Err(Errno::AGAIN) => {
+                    if cancel.recv_timeout(CONNECT_RETRY).is_ok() {
+                        return Err(ConnectError::Cancelled);
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(errno) => return Err(failed(errno)),
+            }
+        }
+    }
+
+    /// The descriptor number (for a forked child to close its copy).
+    pub fn raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Waits at most `timeout` (None past `Timespec`'s range: no limit) until
+    /// the socket has something to read or `signal` is readable.
+    pub fn wait_readable(&self, signal: BorrowedFd<'_>, timeout: Duration) -> Readiness {
+        let mut fds = [
+            PollFd::new(&self.stream, PollFlags::IN),
+            PollFd::from_borrowed_fd(signal, PollFlags::IN),
+        ];
+        let timeout = Timespec::try_from(timeout).ok();
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => Readiness::TimedOut,
+            Ok(_) if !fds[1].revents().is_empty() => Readiness::Signalled,
+            // Readable, or EINTR and the like: the non-blocking read tells.
+            _ => Readiness::Readable,
+        }
+    }
+
+    /// One non-blocking read into the decoder's buffer (WouldBlock if empty).
+    pub fn read_into(&self, decoder: &mut Decoder) -> io::Result<usize> {
+        let mut stream = &self.stream;
+        decoder.read_with(|buffer| stream.read(buffer))
+    }
+
+    /// Sends all of `frame`, waiting for buffer space until `deadline` (None:
+    /// no limit). A closed peer is an error (EPIPE), never a SIGPIPE.
+    pub fn write_frame(&self, frame: &[u8], deadline: Option<Instant>) -> Result<(), WriteError> {
+        let mut written = 0;
+        while written < frame.len() {
+            match send(&self.stream, &frame[written..], SendFlags::NOSIGNAL) {
+                Ok(sent) => written += sent,
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => self.wait_writable(deadline)?,
+                Err(errno) => return Err(WriteError::Failed(errno.into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Until the socket takes more bytes or reports an error (the next send
+    /// says which), or `deadline`.
+    fn wait_writable(&self, deadline: Option<Instant>) -> Result<(), WriteError> {
+        let timeout = match deadline {
+            None => None,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(WriteError::Stalled);
+                }
+                Timespec::try_from(left).ok()
+            }
+        };
+        let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
+        match poll(&mut fds, timeout.as_ref()) {
+            // Ok(0) is the deadline: the next pass reports it.
+            Ok(_) | Err(Errno::INTR) => Ok(()),
+            Err(errno) => Err(WriteError::Failed(errno.into())),
+        }
+    }
+
+    /// Ends reads and writes at once, in this process and the peer's (EOF).
+    pub fn shutdown(&self) {
+        // ENOTCONN if the peer is already gone: nothing left to do.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}

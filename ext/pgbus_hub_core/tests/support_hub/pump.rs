@@ -1,0 +1,48 @@
+//! The embedder's pump thread, played by a test thread: it calls a
+//! [`DrivenReader`]'s `next_batch` until `closed` (which is also what
+//! resolves the client's acks) and forwards every delivery in order.
+
+use pgbus_hub_core::client::DrivenReader;
+use pgbus_hub_core::delivery::{Delivery, WakeSource};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// What `/proc/self/task/*/comm` shows for a pump thread.
+pub const THREAD_NAME: &str = "test-pump";
+
+pub struct Pump {
+    deliveries: crossbeam_channel::Receiver<Delivery>,
+    thread: JoinHandle<()>,
+}
+
+impl Pump {
+    pub fn start(reader: &Arc<DrivenReader>) -> Self {
+        let (sender, deliveries) = crossbeam_channel::unbounded();
+        let reader = Arc::clone(reader);
+        let thread = thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || loop {
+                let batch = reader.next_batch(64, Duration::from_millis(500));
+                for item in batch.items {
+                    let _ = sender.send(item);
+                }
+                if batch.closed {
+                    return;
+                }
+            })
+            .expect("spawn the pump");
+        Self { deliveries, thread }
+    }
+
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
+        self.deliveries.recv_timeout(timeout).ok()
+    }
+
+    /// Waits for the pump to see `closed` (the client stopped or died, and
+    /// everything it delivered was forwarded).
+    pub fn join(self) -> crossbeam_channel::Receiver<Delivery> {
+        self.thread.join().expect("the pump panicked");
+        self.deliveries
+    }
+}
