@@ -95,6 +95,23 @@ RSpec.describe "interrupting a native wait" do
     end
   end
 
+  it "HubClient#ensure_listening whose sub frame cannot be written (the hub reads nothing)" do
+    Dir.mktmpdir("pgbus-hub-interrupt") do |dir|
+      path = File.join(dir, "deaf.sock")
+      server = UNIXServer.new(path) # accepts, never reads
+      client = hub_client(path).connect
+      peer = server.accept
+      # A name larger than any socket buffer: the write blocks part-way through its frame.
+      waiter = Thread.new { client.ensure_listening("q" * 3_000_000) }
+      expect(killed_within(waiter)).to be < PROMPT
+      # Half a frame is on the wire: the client is dead (it fails over), never silently corrupt.
+      expect(client).to be_dead
+      client.stop
+      peer.close
+      server.close
+    end
+  end
+
   it "Listener#ensure_listening while its database is unreachable" do
     listener = Pgbus::Hub::Listener.new(connection: "host=127.0.0.1 port=1 dbname=none connect_timeout=1",
                                         dispatch_queue: Queue.new, health_check_ms: 20_000).start

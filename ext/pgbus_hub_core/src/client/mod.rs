@@ -148,6 +148,16 @@ pub enum Listening {
     Interrupted,
 }
 
+/// Why a frame did not go out whole.
+enum Unwritten {
+    /// Cancelled before any byte of it was sent: the client is fine.
+    Cancelled,
+    /// Cancelled after part of it was sent: the stream's framing is lost (why).
+    CancelledMidFrame(String),
+    /// The transport is unusable (the caller marks the client dead): why.
+    Dead(String),
+}
+
 #[derive(Default)]
 struct State {
     /// Set once, by the first of death or stop; never cleared.
@@ -263,10 +273,26 @@ impl HubClient {
             // Registered BEFORE the write: the ack may beat our return from it.
             state.waiters.add(queue)
         };
-        if let Err(reason) = inner.write_frame(&frame) {
-            inner.discard_waiter(queue, id);
-            inner.mark_dead(reason);
-            return Err(inner.unavailable_now());
+        match inner.write_frame(&frame, cancel) {
+            Ok(()) => {}
+            Err(Unwritten::Cancelled) => {
+                inner.discard_waiter(queue, id);
+                return Ok(Listening::Interrupted);
+            }
+            // Interrupted part-way through the frame: the client is dead
+            // (it fails over), and the caller still gets `Interrupted`, not an
+            // error: an embedder must not raise its own error over the
+            // interrupt it is about to act on (Ruby's Thread#kill).
+            Err(Unwritten::CancelledMidFrame(reason)) => {
+                inner.discard_waiter(queue, id);
+                inner.mark_dead(reason);
+                return Ok(Listening::Interrupted);
+            }
+            Err(Unwritten::Dead(reason)) => {
+                inner.discard_waiter(queue, id);
+                inner.mark_dead(reason);
+                return Err(inner.unavailable_now());
+            }
         }
         // Unhealthy when the sub went out: wait the grace period only; if no ack
         // came by then, the LISTEN waits for the hub's reconnect, not the hub.
@@ -346,7 +372,9 @@ impl HubClient {
                 return;
             }
         };
-        if let Err(reason) = self.inner.write_frame(&frame) {
+        if let Err(Unwritten::Dead(reason) | Unwritten::CancelledMidFrame(reason)) =
+            self.inner.write_frame(&frame, &crossbeam_channel::never())
+        {
             self.inner.mark_dead(reason);
         }
     }
@@ -529,22 +557,31 @@ impl Inner {
         }
     }
 
-    /// Writes a whole frame within `ack_timeout`; Err(reason) on a failure
-    /// or stall (the caller marks the client dead).
-    fn write_frame(&self, frame: &[u8]) -> Result<(), String> {
+    /// Writes a whole frame within `ack_timeout`, or until `cancel` receives.
+    fn write_frame(&self, frame: &[u8], cancel: &Receiver<()>) -> Result<(), Unwritten> {
         let deadline = Instant::now().checked_add(self.ack_timeout);
         let _serial = lock(&self.write_lock);
         let socket = read(&self.socket);
         let Some(socket) = socket.as_ref() else {
-            return Err(STOPPED.into());
+            return Err(Unwritten::Dead(STOPPED.into()));
         };
-        socket.write_frame(frame, deadline).map_err(|e| match e {
-            WriteError::Stalled => format!(
-                "write to master hub stalled for {}s",
-                seconds(self.ack_timeout)
-            ),
-            WriteError::Failed(error) => format!("write to master hub failed: {error}"),
-        })
+        socket
+            .write_frame(frame, deadline, cancel)
+            .map_err(|e| match e {
+                WriteError::Cancelled { partial: false } => Unwritten::Cancelled,
+                WriteError::Cancelled { partial: true } => Unwritten::CancelledMidFrame(
+                    "a write to the master hub was interrupted part-way through a frame \
+                     (the stream's framing is lost)"
+                        .into(),
+                ),
+                WriteError::Stalled => Unwritten::Dead(format!(
+                    "write to master hub stalled for {}s",
+                    seconds(self.ack_timeout)
+                )),
+                WriteError::Failed(error) => {
+                    Unwritten::Dead(format!("write to master hub failed: {error}"))
+                }
+            })
     }
 
     /// What one frame from the hub does to the client.

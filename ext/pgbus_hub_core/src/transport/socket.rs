@@ -28,6 +28,11 @@ use crate::protocol::Decoder;
 /// at once (the pause is a wait on the cancel channel).
 const CONNECT_RETRY: Duration = Duration::from_millis(5);
 
+/// How long a write blocked on a full socket buffer waits before looking at
+/// its cancel channel again: an unblock function is honoured well within the
+/// 50 ms Ruby callers are promised, and a stalled hub costs 100 wake-ups a second.
+const WRITE_CANCEL_CHECK: Duration = Duration::from_millis(10);
+
 /// Why [`ClientSocket::connect`] returned without a connection.
 #[derive(Debug)]
 pub enum ConnectError {
@@ -41,6 +46,11 @@ pub enum ConnectError {
 pub enum WriteError {
     /// The peer read too little for the whole frame to go out by the deadline.
     Stalled,
+    /// The cancel channel received while the socket buffer was full;
+    /// `partial`: part of the frame was sent (the stream's framing is lost).
+    Cancelled {
+        partial: bool,
+    },
     Failed(io::Error),
 }
 
@@ -119,13 +129,24 @@ impl ClientSocket {
     }
 
     /// Sends all of `frame`, waiting for buffer space until `deadline` (None:
-    /// no limit). A closed peer is an error (EPIPE), never a SIGPIPE.
-    pub fn write_frame(&self, frame: &[u8], deadline: Option<Instant>) -> Result<(), WriteError> {
+    /// no limit) or until `cancel` receives. A closed peer is an error
+    /// (EPIPE), never a SIGPIPE.
+    pub fn write_frame(
+        &self,
+        frame: &[u8],
+        deadline: Option<Instant>,
+        cancel: &Receiver<()>,
+    ) -> Result<(), WriteError> {
         let mut written = 0;
         while written < frame.len() {
             match send(&self.stream, &frame[written..], SendFlags::NOSIGNAL) {
                 Ok(sent) => written += sent,
                 Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) if cancel.try_recv().is_ok() => {
+                    return Err(WriteError::Cancelled {
+                        partial: written > 0,
+                    })
+                }
                 Err(Errno::AGAIN) => self.wait_writable(deadline)?,
                 Err(errno) => return Err(WriteError::Failed(errno.into())),
             }
@@ -134,21 +155,23 @@ impl ClientSocket {
     }
 
     /// Until the socket takes more bytes or reports an error (the next send
-    /// says which), or `deadline`.
+    /// says which), `deadline`, or [`WRITE_CANCEL_CHECK`] (the caller then
+    /// looks at its cancel channel and sends again).
     fn wait_writable(&self, deadline: Option<Instant>) -> Result<(), WriteError> {
-        let timeout = match deadline {
-            None => None,
+        let wait = match deadline {
+            None => WRITE_CANCEL_CHECK,
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(WriteError::Stalled);
                 }
-                Timespec::try_from(left).ok()
+                left.min(WRITE_CANCEL_CHECK)
             }
         };
+        let timeout = Timespec::try_from(wait).ok();
         let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
         match poll(&mut fds, timeout.as_ref()) {
-            // Ok(0) is the deadline: the next pass reports it.
+            // Ok(0) is the deadline or a cancel check: the next pass sees which.
             Ok(_) | Err(Errno::INTR) => Ok(()),
             Err(errno) => Err(WriteError::Failed(errno.into())),
         }
@@ -158,5 +181,37 @@ impl ClientSocket {
     pub fn shutdown(&self) {
         // ENOTCONN if the peer is already gone: nothing left to do.
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that reads nothing: fill the buffer, then a write waits for
+    /// space until its cancel channel receives, and says whether it had begun.
+    #[test]
+    fn a_write_blocked_on_a_full_buffer_ends_when_cancelled() {
+        let (ours, _silent_peer) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let socket = ClientSocket { stream: ours };
+        let chunk = [0u8; 4096];
+        while send(&socket.stream, &chunk, SendFlags::NOSIGNAL).is_ok() {}
+        let (cancel, cancelled) = crossbeam_channel::bounded(1);
+        let canceller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            cancel.send(()).unwrap();
+            Instant::now()
+        });
+        let outcome = socket.write_frame(&chunk, None, &cancelled);
+        let returned = Instant::now();
+        let cancelled_at = canceller.join().unwrap();
+        assert!(
+            matches!(outcome, Err(WriteError::Cancelled { partial: false })),
+            "{outcome:?}"
+        );
+        // Within a cancel check of it (10 ms); the bound is loose so a loaded
+        // machine cannot fail it: without the cancel the write never returns.
+        assert!(returned - cancelled_at < Duration::from_secs(1));
     }
 }
