@@ -134,6 +134,18 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     expect(hub_status(c)["status"]).to eq("no hub")
   end
 
+  it "without a hub LISTENs on the process's own connection (cable.yml url), and a forked child builds its own" do
+    script = File.join(__dir__, "support/cable_app/fork_check.rb")
+    out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => File.join(ROOT, "lib") },
+                   [RbConfig.ruby, script], &:read)
+    report = JSON.parse(out)
+    threads = ["pgbus-hub cable", "pgbus-hub listener log", "pgbus-hub listener pump"]
+    # subscribed (success callback), then an inline and a 20 KB broadcast received, in the parent and in the child
+    expect(report).to include("parent" => [true, true], "child" => [true, true], "parent_threads" => threads,
+                              "inherited" => [], "child_threads" => threads)
+    expect(report).to include("after_shutdown" => [], "parent_after_shutdown" => [])
+  end
+
   it "mixes with Rails' postgresql adapter both ways (prefix, hashed names) and compares latency on 4 workers" do
     prefix = "mixed_#{rand(1 << 20)}"
     hub = cable_cluster(prefix: prefix)
@@ -146,6 +158,8 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
       broadcast_via(rails, room, 2)
       expect_delivered(clients, room, { 1 => 10, 2 => 10 })
     end
+    clients.each(&:close) # every worker UNLISTENs through the hub
+    wait_for("the hub to drop both channels") { hub.hub_info&.dig("stats", "channels")&.zero? }
     stop_clusters
     @clients = []
 
