@@ -28,8 +28,9 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     stop_clusters
   end
 
-  def cable_cluster(adapter: "pgbus_hub", workers: 4, prefix: nil)
-    env = { "PGBUS_E2E_RACKUP" => RACKUP, "PGBUS_E2E_CABLE_ADAPTER" => adapter, "PGBUS_E2E_CABLE_PREFIX" => prefix }
+  def cable_cluster(adapter: "pgbus_hub", workers: 4, prefix: nil, env: {})
+    env = { "PGBUS_E2E_RACKUP" => RACKUP, "PGBUS_E2E_CABLE_ADAPTER" => adapter, "PGBUS_E2E_CABLE_PREFIX" => prefix,
+            **env }
     cluster(mode: :standalone, workers: workers, plugins: workers.positive? ? "pgbus_hub" : "", env: env)
   end
 
@@ -43,11 +44,12 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
       break if per_pid.size == workers && per_pid.values.min >= 2
 
       client = CableClient.new(c.port)
+      (@clients ||= []) << client # closed after the example, whatever happens
       rooms.each { |room| client.subscribe(room) }
-      wait_for("a welcome from #{c.port}") { client.pid }
+      # RoomChannel#subscribed tells its pid; 20 s: two shared cores, five Puma processes (fails with the Puma log)
+      c.wait_for("the pid of a new subscription", timeout: 20) { client.pid }
       clients << client
     end
-    (@clients ||= []).concat(clients)
     expect(clients.map(&:pid).uniq.size).to eq(workers)
     wait_for("every subscription confirmed") { clients.all? { |client| rooms.all? { |r| client.confirmed?(r) } } }
     clients
@@ -132,6 +134,17 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
       expect_delivered(clients, room, sizes.merge(after_failover))
     end
     expect(hub_status(c)["status"]).to eq("no hub")
+  end
+
+  it "shares the hub started from Pgbus::Hub.configure when it names ActionCable's database" do
+    c = cable_cluster(env: { "PGBUS_E2E_CONFIGURE_IN_MASTER" => "1" }) # puma.rb configures the hub (as pgbus would)
+    c.wait_log(/standalone configuration: master hub started before fork/)
+    room = unique_room
+    clients = clients_on_every_worker(c, [room])
+    expect(c.census_settles_at(1)).to eq(1)
+    broadcast_via(c, room, 1, bytes: 100_000)
+    expect_delivered(clients, room, { 1 => 100_000 })
+    expect(c.log).not_to include("another database")
   end
 
   it "without a hub LISTENs on the process's own connection (cable.yml url), and a forked child builds its own" do

@@ -117,7 +117,10 @@ module ActionCable
         connection = self.class.connection(@server.config.cable)
         health_check_ms = settings["health_check_ms"] || Pgbus::Hub::DEFAULTS[:health_check_ms]
         lambda do |wakes|
-          local = -> { Pgbus::Hub::Listener.new(connection: connection, dispatch_queue: wakes, logger: logger).start }
+          local = lambda do
+            Pgbus::Hub::Listener.new(connection: connection, health_check_ms: health_check_ms, dispatch_queue: wakes,
+                                     logger: logger).start
+          end
           shared = Pgbus::Hub.hub_listener(scope: settings["listen_scope"] || :master, health_check_ms: health_check_ms,
                                            dispatch_queue: wakes, local_factory: local, logger: logger) if
             hub_database?(connection)
@@ -190,6 +193,7 @@ module ActionCable
           @logger = logger
           @owner_pid = ::Process.pid
           @actions = Queue.new
+          @retrying = Set.new # channels whose LISTEN waits for a retry (the actions thread's own)
           @thread = Pgbus::Hub.thread("pgbus-hub cable") { run(listener_factory) }
         end
 
@@ -240,9 +244,11 @@ module ActionCable
 
         def listen(listener, channel, on_success)
           if listener.ensure_listening(Pgbus::Hub.channel_key(channel)) == :done
+            @retrying.delete(channel)
             @event_loop.post(&on_success) if on_success
           elsif @sync.synchronize { @subscribers.key?(channel) } # still wanted: never a lost subscription
-            @logger&.warn("[pgbus-hub] ActionCable LISTEN #{channel.inspect} not confirmed: retrying")
+            @logger&.warn("[pgbus-hub] ActionCable LISTEN #{channel.inspect} not confirmed: retrying every " \
+                          "#{RETRY_SECONDS}s") if @retrying.add?(channel) # once: a database outage may last
             sleep RETRY_SECONDS
             @actions << [:listen, channel, on_success]
           end
