@@ -147,6 +147,24 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     expect(c.log).not_to include("another database")
   end
 
+  it "keeps ActionCable on each worker's own connection when the hub LISTENs on another database" do
+    other = "#{PG::Connection.conninfo_parse(PumaCluster::DATABASE_URL).find { |o| o[:keyword] == 'dbname' }[:val]}_other"
+    TestDatabase.with { |conn| conn.exec("create database #{conn.quote_ident(other)}") }
+    c = cable_cluster(env: { "PGBUS_E2E_CONFIGURE_IN_MASTER" => "1",
+                             "PGBUS_E2E_HUB_DATABASE_URL" => TestDatabase.keywords(host: "127.0.0.1", dbname: other) })
+    c.wait_log(/standalone configuration: master hub started before fork/)
+    room = unique_room
+    clients = clients_on_every_worker(c, [room])
+    expect(c.census_settles_at(5)).to eq(5) # the hub on the other database, 4 workers on ActionCable's
+    expect(TestDatabase.census).to eq(4)
+    broadcast_via(c, room, 1)
+    expect_delivered(clients, room, { 1 => 10 })
+    expect(c.log.scan(/LISTENs on another database than ActionCable's/).size).to eq(4)
+  ensure
+    stop_clusters
+    TestDatabase.with { |conn| conn.exec("drop database if exists #{conn.quote_ident(other)} with (force)") } if other
+  end
+
   it "without a hub LISTENs on the process's own connection (cable.yml url), and a forked child builds its own" do
     script = File.join(__dir__, "support/cable_app/fork_check.rb")
     out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => File.join(ROOT, "lib") },
