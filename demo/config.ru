@@ -225,7 +225,18 @@ def stats_body
     worker: worker.info }
 end
 
+# The ActionCable page, when ActionCable is installed.
+CABLE = begin
+  require_relative "cable"
+  DemoCable
+rescue LoadError
+  nil
+end
+
 run lambda { |env|
+  cable = CABLE&.call(env)
+  next cable if cable
+
   method = env["REQUEST_METHOD"]
   path = env["PATH_INFO"]
   case [method, path]

@@ -358,6 +358,7 @@ class Runner
 
   def serve
     puts "demo running: #{@cluster.url}"
+    puts "  ActionCable (adapter: pgbus_hub): #{@cluster.url}cable.html" if Gem::Specification.find_all_by_name("actioncable").any?
     puts "  hub socket: #{@socket}"
     url = @db.throwaway? ? "'#{@db.url}'" : '"$DATABASE_URL"'
     puts "  try:  exe/pgbus-hub status --socket #{@socket} --database-url #{url}"

@@ -219,6 +219,14 @@ RSpec.describe "bin/demo", :demo do
       FileUtils.mkdir_p(File.join(ROOT, "tmp"))
       File.binwrite(File.join(ROOT, "tmp", "demo-page.png"), png)
       expect(png[0, 8]).to eq("\x89PNG\r\n\x1a\n".b)
+
+      # The ActionCable page (when ActionCable is installed): Rails' browser client through adapter pgbus_hub.
+      if Gem::Specification.find_all_by_name("actioncable").any?
+        cdp.call("Page.navigate", { url: "#{url}cable.html" })
+        Timeout.timeout(20) { sleep 0.1 until text.call.include?("subscribed") }
+        cdp.evaluate('document.getElementById("send").click(); document.getElementById("large").click(); 1')
+        Timeout.timeout(15) { sleep 0.1 until text.call.include?(": 5 bytes: hello") && text.call.include?(": 100000 bytes") }
+      end
     ensure
       cdp&.close
       stop_group(chrome_pid, signal: "TERM", timeout: 10)

@@ -62,7 +62,21 @@ module Pgbus
       def configured? = !@configuration&.connection.nil?
 
       # The master hub's options; nil while none is ready; Error for one the hub cannot use.
-      def master_options = configured? ? configuration.master_options : PgbusAdapter.master_options
+      # Sources: Pgbus::Hub.configure, else pgbus's streams, else an ActionCable-only app's cable.yml.
+      def master_options
+        return configuration.master_options if configured?
+
+        PgbusAdapter.master_options || action_cable_master_options
+      end
+
+      # cable.yml says `adapter: pgbus_hub` (Rails loads it into config.cable at boot, before the first fork).
+      def action_cable_master_options
+        cable = defined?(::ActionCable.server) && ::ActionCable.server.config.cable
+        return nil unless cable && cable.to_h.transform_keys(&:to_s)["adapter"].to_s == "pgbus_hub"
+
+        require "action_cable/subscription_adapter/pgbus_hub"
+        ::ActionCable::SubscriptionAdapter::PgbusHub.master_options(cable)
+      end
 
       # A started listener for this worker: a FailoverListener over the master
       # hub when the scope is :master and the hub answers, else a local Listener.

@@ -19,7 +19,7 @@ state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
 if ENV["PGBUS_E2E_CONFIGURE_IN_MASTER"] == "1"
   require "pgbus/hub"
   Pgbus::Hub.configure do |c|
-    c.connection = ENV.fetch("PGBUS_E2E_DATABASE_URL")
+    c.connection = ENV.fetch("PGBUS_E2E_HUB_DATABASE_URL") { ENV.fetch("PGBUS_E2E_DATABASE_URL") }
     c.channel_prefix = ""
     c.channel_suffix = ""
     c.health_check_ms = 100

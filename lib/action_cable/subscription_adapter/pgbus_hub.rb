@@ -1,0 +1,259 @@
+# frozen_string_literal: true
+
+require "openssl"
+require "pg"
+require "pgbus/hub"
+
+module ActionCable
+  module SubscriptionAdapter
+    # `adapter: pgbus_hub` in config/cable.yml: Rails' postgresql adapter on
+    # the wire (same channel identifiers, same NOTIFY through ActiveRecord's
+    # connection), but every Puma worker of a host LISTENs through the master
+    # hub's one connection; without a hub (single mode, hub down, evicted) the
+    # process LISTENs on its own connection, as Rails' adapter does.
+    # Broadcasts PostgreSQL's NOTIFY cannot carry go through a table.
+    #
+    # Keys: channel_prefix (as Rails'), url (a libpq URL for LISTEN and
+    # broadcasts; default ActiveRecord's connection), listen_scope
+    # (master/process), health_check_ms.
+    class PgbusHub < Base
+      prepend ChannelPrefix
+
+      # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more.
+      NOTIFY_PAYLOAD_LIMIT = 8000
+      # How long a large payload's row stays. A listener reads it when the
+      # NOTIFY arrives, in commit order, moments after the broadcast; a
+      # listener minutes behind has failed its health check and reconnected,
+      # losing that NOTIFY anyway. Five minutes also covers a broadcast made
+      # inside a transaction that commits minutes later (created_at is the
+      # insert time), while the table holds only five minutes of large broadcasts.
+      LARGE_PAYLOAD_RETENTION = "5 minutes"
+      # ActiveRecord's names for the libpq keywords the hub takes (README, "Connection").
+      LIBPQ_NAMES = { database: :dbname, username: :user }.freeze
+      LIBPQ_KEYS = %i[host port dbname user password sslmode connect_timeout options variables].freeze
+
+      class << self
+        # cable.yml's settings, string keys (Rails hands an indifferent Hash; a test or app may not).
+        def settings(cable) = cable.to_h.transform_keys(&:to_s)
+
+        # What LISTENs: cable.yml's url, else ActiveRecord's primary database.
+        def connection(cable)
+          url = settings(cable)["url"]
+          return url if url
+
+          config = ::ActiveRecord::Base.connection_db_config.configuration_hash
+          return config[:url] if config[:url]
+
+          config.to_h { |key, value| [LIBPQ_NAMES.fetch(key, key), value] }
+                .select { |key, value| LIBPQ_KEYS.include?(key) && !value.nil? }
+                .to_h { |key, value| [key, key == :variables ? value : value.to_s] }
+        end
+
+        # The master hub's options for an app whose cable.yml selects this adapter.
+        def master_options(cable)
+          settings = settings(cable)
+          tuning = settings.slice("health_check_ms").transform_keys(&:to_sym)
+          Pgbus::Hub.configuration.master_options(scope: (settings["listen_scope"] || :master).to_sym,
+                                                  source: "actioncable", connection: connection(cable), **tuning)
+        end
+
+        # host/port/dbname of a connection (String or Hash): the hub serves this
+        # adapter only if it LISTENs on the same database.
+        def database_of(connection)
+          pairs = if connection.is_a?(Hash)
+                    connection.transform_keys(&:to_s)
+                  else
+                    PG::Connection.conninfo_parse(connection).to_h { |o| [o[:keyword], o[:val]] }
+                  end
+          pairs.values_at("host", "port", "dbname").map(&:to_s)
+        end
+      end
+
+      def initialize(*)
+        super
+        @lock = Mutex.new
+      end
+
+      def broadcast(channel, payload)
+        with_broadcast_connection do |pg|
+          payload = large_payload_reference(pg, payload) if payload.bytesize >= NOTIFY_PAYLOAD_LIMIT
+          pg.exec("NOTIFY #{pg.escape_identifier(channel_identifier(channel))}, '#{pg.escape_string(payload)}'")
+        end
+      end
+
+      def subscribe(channel, callback, success_callback = nil)
+        subscriptions.add_subscriber(channel_identifier(channel), callback, success_callback)
+      end
+
+      def unsubscribe(channel, callback)
+        subscriptions.remove_subscriber(channel_identifier(channel), callback)
+      end
+
+      def shutdown
+        current = @lock.synchronize { @subscriptions.tap { @subscriptions = nil } }
+        current&.shutdown
+        @lock.synchronize { @broadcast_connection.tap { @broadcast_connection = nil } }&.close
+      end
+
+      private
+
+      def settings = self.class.settings(@server.config.cable)
+
+      # Rails' identifier: PostgreSQL truncates channel names at 63 bytes.
+      def channel_identifier(channel) = channel.size > 63 ? OpenSSL::Digest::SHA1.hexdigest(channel) : channel
+
+      # This process's subscriptions: one built before a fork (a preloading
+      # master) belongs to the parent; the child builds its own.
+      def subscriptions
+        @lock.synchronize do
+          @subscriptions = nil unless @subscriptions&.owned?
+          @subscriptions ||= Subscriptions.new(listener_factory, @server.event_loop, logger)
+        end
+      end
+
+      # Builds, in the subscriptions' thread, the hub's FailoverListener when a
+      # hub LISTENs on our database, else this process's own Listener.
+      def listener_factory
+        connection = self.class.connection(@server.config.cable)
+        health_check_ms = settings["health_check_ms"] || Pgbus::Hub::DEFAULTS[:health_check_ms]
+        lambda do |wakes|
+          local = lambda do
+            Pgbus::Hub::Listener.new(connection: connection, health_check_ms: health_check_ms, dispatch_queue: wakes,
+                                     logger: logger).start
+          end
+          shared = Pgbus::Hub.hub_listener(scope: settings["listen_scope"] || :master, health_check_ms: health_check_ms,
+                                           dispatch_queue: wakes, local_factory: local, logger: logger) if
+            hub_database?(connection)
+          shared || local.call
+        end
+      end
+
+      # The hub was started from pgbus's or Pgbus::Hub.configure's connection:
+      # it serves ActionCable only when that is our database.
+      def hub_database?(connection)
+        hub = Pgbus::Hub.master_options
+        return true if hub.nil? || hub[:source] == "actioncable"
+        return true if self.class.database_of(hub[:connection]) == self.class.database_of(connection)
+
+        logger&.info("[pgbus-hub] the master hub LISTENs on another database than ActionCable's: " \
+                     "this process LISTENs for ActionCable on its own connection")
+        false
+      rescue StandardError => e
+        logger&.warn("[pgbus-hub] cannot tell the master hub's database (#{e.class}: #{e.message}): not using it")
+        false
+      end
+
+      # Rails' broadcast connection (ActiveRecord's, so a broadcast inside a
+      # transaction is sent at its commit), or one of our own for cable.yml's url.
+      def with_broadcast_connection(&block)
+        url = settings["url"]
+        return ::ActiveRecord::Base.connection_pool.with_connection { |ar| block.call(ar.raw_connection) } unless url
+
+        @lock.synchronize do
+          @broadcast_connection = nil if @broadcast_pid != ::Process.pid || @broadcast_connection&.finished?
+          @broadcast_pid = ::Process.pid
+          # ActiveRecord's level: IF NOT EXISTS notices stay out of the log.
+          @broadcast_connection ||= PG.connect(url).tap { |pg| pg.exec("SET client_min_messages TO warning") }
+          block.call(@broadcast_connection)
+        end
+      end
+
+      # Stores the payload (table created on first use, rows past the
+      # retention removed in the same statement) and returns the mark + id
+      # the listeners replace with it.
+      def large_payload_reference(pg, payload)
+        create_large_payload_table(pg) unless @large_payload_table
+        id = pg.exec_params(<<~SQL, [payload]).getvalue(0, 0)
+          WITH expired AS (DELETE FROM #{Pgbus::Hub::LARGE_PAYLOAD_TABLE}
+                            WHERE created_at < now() - interval '#{LARGE_PAYLOAD_RETENTION}')
+          INSERT INTO #{Pgbus::Hub::LARGE_PAYLOAD_TABLE} (payload, created_at)
+          VALUES ($1, clock_timestamp()) RETURNING id
+        SQL
+        "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{id}"
+      end
+
+      # First use in this process (CREATE ... IF NOT EXISTS: one statement, any number of processes).
+      def create_large_payload_table(pg)
+        pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL)
+        @large_payload_table = true
+      end
+
+      # Rails' SubscriberMap (channel => callbacks) over a pgbus-hub listener:
+      # LISTEN and UNLISTEN run in order on one thread (a slow LISTEN never
+      # holds the map's lock); success callbacks and messages are posted on the
+      # server's event loop, as Rails' adapter does.
+      class Subscriptions < SubscriberMap
+        # A LISTEN not confirmed (database down, listener degraded) is retried after this pause.
+        RETRY_SECONDS = 1.0
+        KEY_PREFIX = Pgbus::Hub.channel_key("")
+
+        def initialize(listener_factory, event_loop, logger)
+          super()
+          @event_loop = event_loop
+          @logger = logger
+          @owner_pid = ::Process.pid
+          @actions = Queue.new
+          @retrying = Set.new # channels whose LISTEN waits for a retry (the actions thread's own)
+          @thread = Pgbus::Hub.thread("pgbus-hub cable") { run(listener_factory) }
+        end
+
+        def owned? = @owner_pid == ::Process.pid
+
+        def shutdown
+          @actions << [:stop]
+          @thread.join(15)
+        end
+
+        def add_channel(channel, on_success) = @actions << [:listen, channel, on_success]
+
+        def remove_channel(channel) = @actions << [:unlisten, channel]
+
+        def invoke_callback(*)
+          @event_loop.post { super }
+        end
+
+        # The listener's dispatch queue: a NOTIFY of a channel.
+        def <<(wake)
+          broadcast(wake.queue_name.delete_prefix(KEY_PREFIX), wake.payload)
+        end
+
+        private
+
+        def run(listener_factory)
+          listener = build(listener_factory) or return
+          loop do
+            action, channel, on_success = @actions.pop
+            case action
+            when :listen then listen(listener, channel, on_success)
+            when :unlisten then listener.remove_listening(Pgbus::Hub.channel_key(channel))
+            when :stop then break
+            end
+          rescue StandardError => e
+            @logger&.error("[pgbus-hub] ActionCable #{action} #{channel.inspect}: #{e.class}: #{e.message}")
+          end
+        ensure
+          listener&.stop
+        end
+
+        def build(listener_factory)
+          listener_factory.call(self)
+        rescue StandardError => e
+          @logger&.error("[pgbus-hub] ActionCable listener failed to build (#{e.class}: #{e.message}): no subscriptions")
+          nil
+        end
+
+        def listen(listener, channel, on_success)
+          if listener.ensure_listening(Pgbus::Hub.channel_key(channel)) == :done
+            @retrying.delete(channel)
+            @event_loop.post(&on_success) if on_success
+          elsif @sync.synchronize { @subscribers.key?(channel) } # still wanted: never a lost subscription
+            @logger&.warn("[pgbus-hub] ActionCable LISTEN #{channel.inspect} not confirmed: retrying every " \
+                          "#{RETRY_SECONDS}s") if @retrying.add?(channel) # once: a database outage may last
+            sleep RETRY_SECONDS
+            @actions << [:listen, channel, on_success]
+          end
+        end
+      end
+    end
+  end
+end
