@@ -194,6 +194,8 @@ module ActionCable
           @owner_pid = ::Process.pid
           @actions = Queue.new
           @retrying = Set.new # channels whose LISTEN waits for a retry (the actions thread's own)
+          @wanted = Set.new   # channels with subscribers, as add_channel/remove_channel said
+          @wanted_lock = Mutex.new
           @thread = Pgbus::Hub.thread("pgbus-hub cable") { run(listener_factory) }
         end
 
@@ -204,9 +206,15 @@ module ActionCable
           @thread.join(15)
         end
 
-        def add_channel(channel, on_success) = @actions << [:listen, channel, on_success]
+        def add_channel(channel, on_success)
+          @wanted_lock.synchronize { @wanted << channel }
+          @actions << [:listen, channel, on_success]
+        end
 
-        def remove_channel(channel) = @actions << [:unlisten, channel]
+        def remove_channel(channel)
+          @wanted_lock.synchronize { @wanted.delete(channel) }
+          @actions << [:unlisten, channel]
+        end
 
         def invoke_callback(*)
           @event_loop.post { super }
@@ -246,7 +254,7 @@ module ActionCable
           if listener.ensure_listening(Pgbus::Hub.channel_key(channel)) == :done
             @retrying.delete(channel)
             @event_loop.post(&on_success) if on_success
-          elsif @sync.synchronize { @subscribers.key?(channel) } # still wanted: never a lost subscription
+          elsif @wanted_lock.synchronize { @wanted.include?(channel) } # still wanted: never a lost subscription
             @logger&.warn("[pgbus-hub] ActionCable LISTEN #{channel.inspect} not confirmed: retrying every " \
                           "#{RETRY_SECONDS}s") if @retrying.add?(channel) # once: a database outage may last
             sleep RETRY_SECONDS
