@@ -113,6 +113,8 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     status = hub_status(c)
     expect(status).to include("status" => "healthy")
     expect(status["hub"]).to include("workers" => 4, "channels" => 2)
+    expect(status["hub"]).to include("raw_channels" => 2)
+    expect(status["hub"]["raw_channel_names"].size).to eq(2) # ActionCable's identifiers, by name
 
     sizes = { 1 => 10, 2 => 7900, 3 => 8000, 4 => 100_000 } # JSON adds ~40 bytes: inline, then stored (8000+)
     rooms.each do |room|

@@ -1,36 +1,9 @@
 //! Issue 8 (reliability) regressions for the Rust core that need no PostgreSQL:
-//! the routing table's documented contract (found by the `hub_frames` fuzz
-//! target) and a replay of the kept fuzz inputs through the frame decoder.
-
-// The routing table is private to the hub; test its source directly.
-#[allow(dead_code)]
-#[path = "../src/hub/registry.rs"]
-mod registry;
+//! a replay of the kept fuzz inputs through the frame decoder. (The routing
+//! table's contract the `hub_frames` fuzz target found is a unit test of
+//! `hub::registry`.)
 
 use pgbus_hub_core::protocol::{Decoder, Message};
-use registry::Registry;
-
-/// `Registry::add` is documented "True when this is the queue's first worker"
-/// (and "duplicate subs count once"). A second `sub` for the same queue from
-/// the queue's ONLY worker returns true again. Harmless today (`Core::subscribe`
-/// ignores the value and the engine dedups LISTENs by channel), but any caller
-/// that LISTENs on `true` would LISTEN twice. Fuzz input:
-/// tests/fixtures/fuzz/hub_frames/registry-add-duplicate-sub-reports-first.bin
-/// Fix: `let added = routed.insert(worker); added && routed.len() == 1`.
-#[test]
-fn registry_add_reports_first_worker_only_once() {
-    let mut registry = Registry::default();
-    assert!(registry.add(1, "chat"), "first worker");
-    assert!(
-        !registry.add(1, "chat"),
-        "a duplicate sub from the same (only) worker is not a first worker"
-    );
-    assert!(
-        registry.remove(1, "chat"),
-        "one ref: the first remove releases it"
-    );
-    assert_eq!(registry.queue_count(), 0);
-}
 
 /// Every kept fuzz input decodes (or fails) without panicking, split anywhere.
 #[test]

@@ -75,6 +75,8 @@ pub struct HubConfig {
 pub struct HubStats {
     pub workers: usize,
     pub channels: usize,
+    /// Of `channels`, the raw ones (ActionCable's, LISTENed verbatim).
+    pub raw_channels: usize,
     pub listener_healthy: bool,
     pub reconnects: u64,
     pub wakes_received: u64,
@@ -113,6 +115,7 @@ impl HubStats {
         };
         put("workers", self.workers.into());
         put("channels", self.channels.into());
+        put("raw_channels", self.raw_channels.into());
         put("listener_healthy", self.listener_healthy.into());
         put("reconnects", self.reconnects.into());
         put("wakes_received", self.wakes_received.into());
@@ -147,6 +150,7 @@ pub(crate) struct Shared {
     /// Published by the router after every change (monitors not counted).
     workers: AtomicUsize,
     channels: AtomicUsize,
+    raw_channels: AtomicUsize,
     wakes_received: AtomicU64,
     frames_sent: AtomicU64,
     rejected_peers: AtomicU64,
@@ -174,6 +178,7 @@ impl Shared {
             healthy: AtomicBool::new(false),
             workers: AtomicUsize::new(0),
             channels: AtomicUsize::new(0),
+            raw_channels: AtomicUsize::new(0),
             wakes_received: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
             rejected_peers: AtomicU64::new(0),
@@ -193,6 +198,7 @@ impl Shared {
         HubStats {
             workers: self.workers.load(Ordering::Relaxed),
             channels: self.channels.load(Ordering::Relaxed),
+            raw_channels: self.raw_channels.load(Ordering::Relaxed),
             listener_healthy: self.healthy.load(Ordering::Relaxed),
             reconnects: listener.map_or(0, ListenerStats::reconnects),
             wakes_received: self.wakes_received.load(Ordering::Relaxed),

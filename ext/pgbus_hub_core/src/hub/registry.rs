@@ -1,6 +1,7 @@
 //! The routing table: which workers want which queues, refcounted so the
 //! last worker to leave a queue is the one that UNLISTENs it.
 
+use crate::protocol::key_channel;
 use std::collections::{HashMap, HashSet};
 
 pub type WorkerId = u64;
@@ -9,6 +10,8 @@ pub type WorkerId = u64;
 pub struct Registry {
     queues: HashMap<String, HashSet<WorkerId>>,
     workers: HashMap<WorkerId, HashSet<String>>,
+    /// Routed raw channels (ActionCable's), kept as queues come and go.
+    raw_channels: usize,
 }
 
 impl Registry {
@@ -20,7 +23,11 @@ impl Registry {
             .or_default()
             .insert(queue.to_owned());
         let routed = self.queues.entry(queue.to_owned()).or_default();
-        routed.insert(worker) && routed.len() == 1
+        let first = routed.insert(worker) && routed.len() == 1;
+        if first && key_channel(queue).is_some() {
+            self.raw_channels += 1;
+        }
+        first
     }
 
     /// Drops one worker's ref; true when the queue has no worker left (UNLISTEN it).
@@ -35,7 +42,26 @@ impl Registry {
             return false;
         }
         self.queues.remove(queue);
+        if key_channel(queue).is_some() {
+            self.raw_channels -= 1;
+        }
         true
+    }
+
+    pub fn raw_channel_count(&self) -> usize {
+        self.raw_channels
+    }
+
+    /// The routed raw channels' names, sorted, at most `limit` (an operator's view).
+    pub fn raw_channel_names(&self, limit: usize) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .queues
+            .keys()
+            .filter_map(|key| key_channel(key))
+            .collect();
+        names.sort_unstable();
+        names.truncate(limit);
+        names
     }
 
     /// Forgets a worker; returns the queues it was the last ref of.
@@ -86,6 +112,37 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::channel_key;
+
+    /// Found by the `hub_frames` fuzz target (kept input
+    /// tests/fixtures/fuzz/hub_frames/registry-add-duplicate-sub-reports-first.bin):
+    /// a duplicate sub from a queue's only worker is not a first worker.
+    #[test]
+    fn a_duplicate_sub_from_the_only_worker_is_not_a_first_worker() {
+        let mut registry = Registry::default();
+        assert!(registry.add(1, "chat"));
+        assert!(!registry.add(1, "chat"));
+        assert!(
+            registry.remove(1, "chat"),
+            "one ref: the first remove releases it"
+        );
+        assert_eq!(registry.queue_count(), 0);
+    }
+
+    #[test]
+    fn raw_channels_are_counted_and_listed_as_they_come_and_go() {
+        let mut registry = Registry::default();
+        let (a, b) = (channel_key("room_b"), channel_key("room_a"));
+        registry.add(1, &a);
+        registry.add(2, &a);
+        registry.add(1, &b);
+        registry.add(1, "queue");
+        assert_eq!(registry.raw_channel_count(), 2);
+        assert_eq!(registry.raw_channel_names(1), vec!["room_a"]);
+        registry.remove_worker(1);
+        assert_eq!(registry.raw_channel_count(), 1);
+        assert_eq!(registry.raw_channel_names(10), vec!["room_b"]);
+    }
 
     #[test]
     fn last_ref_out_unlistens() {

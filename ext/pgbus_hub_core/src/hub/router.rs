@@ -28,6 +28,10 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// memory; a socket buffer's worth of small frames fits.
 const COMMAND_QUEUE: usize = 4096;
 
+/// Raw channel names a stats answer lists: enough to recognise an app's
+/// channels at a glance, small enough for a terminal and for a hub with thousands.
+const STATS_RAW_CHANNEL_NAMES: usize = 20;
+
 /// A zero status interval would spin; 10 ms is far below any useful health cadence.
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(10);
 
@@ -245,6 +249,9 @@ impl Router {
         self.shared
             .channels
             .store(self.registry.queue_count(), Ordering::Relaxed);
+        self.shared
+            .raw_channels
+            .store(self.registry.raw_channel_count(), Ordering::Relaxed);
     }
 
     fn accept(&mut self, stream: tokio::net::UnixStream, peer_pid: Option<i32>) {
@@ -527,7 +534,11 @@ impl Router {
         self.publish_counts();
         let mut reply = serde_json::Map::new();
         reply.insert("t".into(), STATS_KIND.into());
-        reply.insert("stats".into(), self.shared.stats(1).fields().into());
+        let mut stats = self.shared.stats(1).fields();
+        // Names only here, for `pgbus-hub status`: a bounded list, computed on request.
+        let names = self.registry.raw_channel_names(STATS_RAW_CHANNEL_NAMES);
+        stats.insert("raw_channel_names".into(), names.into());
+        reply.insert("stats".into(), stats.into());
         match encode_object(&reply) {
             Ok(frame) => {
                 self.shared
