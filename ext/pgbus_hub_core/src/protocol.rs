@@ -505,8 +505,13 @@ impl Decoder {
         }
         let needed = self.end + wanted;
         if self.buffer.len() < needed {
-            self.buffer
-                .resize(needed.next_multiple_of(READ_CHUNK_BYTES), 0);
+            // A fresh zeroed allocation, not `resize`: the allocator hands out
+            // zeroed pages it need not touch, so an idle connection's window
+            // costs no resident memory (`resize` writes every byte: 64 KB per
+            // worker in the master).
+            let mut grown = vec![0u8; needed.next_multiple_of(READ_CHUNK_BYTES)];
+            grown[..self.end].copy_from_slice(&self.buffer[..self.end]);
+            self.buffer = grown;
         }
     }
 
