@@ -57,9 +57,12 @@ impl RbHubClient {
                 HubClient::connect_driven_or_cancel(config, cancelled)
             })
             .ok_or_else(|| panicked(ruby, "HubClient#connect"))?;
-            match connected {
-                Err(ClientError::Interrupted) => {
-                    drop(records); // nothing Rust owns may be live at the check
+            match connected.value {
+                // Any failure while interrupted too: never raise over the interrupt.
+                Err(error) if connected.interrupted => {
+                    // Nothing Rust owns may be live at the check (it may unwind).
+                    drop(error);
+                    drop(records);
                     check_interrupts();
                 }
                 connected => break (connected.map_err(|e| client_error(ruby, e))?, records),
@@ -85,8 +88,11 @@ impl RbHubClient {
         let listening = nogvl_cancellable(move |cancelled| {
             client.ensure_listening_or_cancel(&queue, cancelled)
         })
-        .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?
-        .map_err(|e| client_error(ruby, e))?;
+        .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?;
+        if listening.interrupted && listening.value.is_err() {
+            return Ok(None); // never raise over Ruby's pending interrupt
+        }
+        let listening = listening.value.map_err(|e| client_error(ruby, e))?;
         Ok(match listening {
             Listening::Active => Some(ruby.to_symbol("done")),
             Listening::AfterReconnect | Listening::Interrupted => None,
@@ -112,7 +118,8 @@ impl RbHubClient {
     /// `HubClient::stop_or_cancel`), and the outputs are closed either way.
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let stopped = match rb_self.client() {
-            Some(client) => nogvl_cancellable(move |cancelled| client.stop_or_cancel(cancelled)),
+            Some(client) => nogvl_cancellable(move |cancelled| client.stop_or_cancel(cancelled))
+                .map(|stop| stop.value),
             None => Some(()),
         };
         rb_self.outputs.close();

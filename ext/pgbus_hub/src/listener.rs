@@ -57,9 +57,12 @@ impl RbListener {
             listener.ensure_listening_or_cancel(&queue, timeout, cancelled)
         })
         .ok_or_else(|| panicked(ruby, "Listener#ensure_listening"))?;
-        match outcome {
+        match outcome.value {
             Ok(()) => Ok(Some(ruby.to_symbol("done"))),
-            Err(e) if e.is_invalid_name() => Err(invalid_queue(ruby, e.to_string())),
+            // Never raise over Ruby's pending interrupt (see Cancellable).
+            Err(e) if e.is_invalid_name() && !outcome.interrupted => {
+                Err(invalid_queue(ruby, e.to_string()))
+            }
             Err(_) => Ok(None),
         }
     }
@@ -96,6 +99,7 @@ impl RbListener {
         let stopped = match taken {
             Some(listener) => {
                 nogvl_cancellable(move |cancelled| listener.stop_or_cancel(cancelled))
+                    .map(|stop| stop.value)
             }
             None => Some(()),
         };

@@ -4,6 +4,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 struct Call<F, R> {
     func: Option<F>,
@@ -80,12 +81,14 @@ where
 /// closing outputs) always happens, and nothing `func` returns is leaked.
 /// If the interrupt was already pending, Ruby does not run `func`: it then
 /// runs here, with the GVL, already cancelled. None if `func` panicked.
-pub fn nogvl_cancellable<F, R>(func: F) -> Option<R>
+pub fn nogvl_cancellable<F, R>(func: F) -> Option<Cancellable<R>>
 where
     F: FnOnce(&crossbeam_channel::Receiver<()>) -> R,
 {
     let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
-    let interrupt = move || {
+    let interrupted = AtomicBool::new(false);
+    let interrupt = || {
+        interrupted.store(true, Ordering::SeqCst);
         let _ = cancel.try_send(());
     };
     let mut call = Call {
@@ -97,7 +100,21 @@ where
         interrupt();
         run(&mut call);
     }
-    call.result.and_then(Result::ok)
+    let value = call.result.and_then(Result::ok)?;
+    Some(Cancellable {
+        value,
+        interrupted: interrupted.load(Ordering::SeqCst),
+    })
+}
+
+/// What a [`nogvl_cancellable`] call returned, and whether Ruby interrupted
+/// it. An interrupted call must not raise an error of its own: building the
+/// exception runs Ruby code while the interrupt is pending, which magnus
+/// takes for a fatal error (the process aborts). Such a call returns instead,
+/// and Ruby acts on the interrupt as the method returns.
+pub struct Cancellable<R> {
+    pub value: R,
+    pub interrupted: bool,
 }
 
 /// Acts on a pending Ruby interrupt now, after a call [`nogvl_cancellable`]
