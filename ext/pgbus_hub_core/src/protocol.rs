@@ -269,7 +269,13 @@ impl Message {
     /// anything else, or a wake with any other field, goes through the
     /// general JSON object, so both paths accept and refuse the same bodies.
     pub fn decode(body: &[u8]) -> Result<Self, ProtocolError> {
-        if let Ok(wire) = serde_json::from_slice::<WakeIn<'_>>(body) {
+        // Only a body that starts as every encoder writes a wake tries the
+        // typed path: any other frame (sub, ack, status...) is parsed once.
+        let typed = body
+            .starts_with(br#"{"t":"wake""#)
+            .then(|| serde_json::from_slice::<WakeIn<'_>>(body).ok())
+            .flatten();
+        if let Some(wire) = typed {
             if wire.t == "wake" {
                 return Ok(Self::Wake(Wake {
                     queue: Arc::from(wire.q.as_ref()),
