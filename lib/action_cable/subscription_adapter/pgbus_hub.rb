@@ -72,6 +72,7 @@ module ActionCable
       def initialize(*)
         super
         @lock = Mutex.new
+        @settings = self.class.settings(@server.config.cable) # fixed for the server's life; read per broadcast
       end
 
       def broadcast(channel, payload)
@@ -97,7 +98,7 @@ module ActionCable
 
       private
 
-      def settings = self.class.settings(@server.config.cable)
+      attr_reader :settings
 
       # Rails' identifier: PostgreSQL truncates channel names at 63 bytes.
       def channel_identifier(channel) = channel.size > 63 ? OpenSSL::Digest::SHA1.hexdigest(channel) : channel
