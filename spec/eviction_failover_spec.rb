@@ -18,13 +18,8 @@ RSpec.describe "eviction then fail-over" do
       child = fork do
         report_r.close
         queue = Queue.new
-        failover = nil
-        client = Pgbus::Hub::HubClient.new(socket_path: hub.socket_path, dispatch_queue: queue,
-                                           on_failure: -> { failover&.fail_over! }).connect
-        failover = Pgbus::Hub::FailoverListener.new(
-          hub_client: client,
-          local_listener_factory: -> { Pgbus::Hub::Listener.new(connection: TestDatabase.url, dispatch_queue: queue).start }
-        )
+        failover = Pgbus::Hub::FailoverListener.new(socket_path: hub.socket_path, connection: TestDatabase.url,
+                                                    dispatch_queue: queue).start
         failover.ensure_listening("evict_me")
         report_w.puts "subscribed"
         report_w.flush

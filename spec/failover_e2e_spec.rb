@@ -6,7 +6,7 @@ require_relative "support/database"
 require_relative "support/hub_process"
 
 # The worker's whole story against a real hub process and real PostgreSQL:
-# HubClient + FailoverListener + a real local Listener as the fallback.
+# the native FailoverListener: the hub client, then its own connection.
 RSpec.describe "fail-over to a per-worker listener" do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
 
@@ -25,17 +25,9 @@ RSpec.describe "fail-over to a per-worker listener" do
     Timeout.timeout(timeout) { queue.pop }
   end
 
-  def build_failover(queue, **client_options)
-    failover = nil
-    client = Pgbus::Hub::HubClient.new(socket_path: @socket_path, dispatch_queue: queue,
-                                       on_failure: -> { failover&.fail_over! }, **client_options).connect
-    failover = Pgbus::Hub::FailoverListener.new(
-      hub_client: client,
-      local_listener_factory: lambda {
-        Pgbus::Hub::Listener.new(connection: TestDatabase.url, dispatch_queue: queue, health_check_ms: 100).start
-      }
-    )
-    @failover = failover
+  def build_failover(queue)
+    @failover = Pgbus::Hub::FailoverListener.new(socket_path: @socket_path, connection: TestDatabase.url,
+                                                 dispatch_queue: queue, health_check_ms: 100).start
   end
 
   it "re-LISTENs every recorded sub locally after the hub is SIGKILLed; the next NOTIFY arrives" do

@@ -39,7 +39,7 @@ RSpec.describe "reliability 5: hub process death", reliability: :fast do
       hub = RelHub.new(dir)
       worker = RelWorker.new(hub.socket_path, ack_timeout: ack_timeout)
       worker.sub("h_acked")
-      Process.kill("STOP", hub.pid)
+      Rel.sigstop(hub.pid)
       begin
         t0 = Rel.now
         event = worker.sub("h_unacked", timeout: ack_timeout + 10)

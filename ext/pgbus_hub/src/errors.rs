@@ -32,27 +32,15 @@ pub static HUB_UNAVAILABLE: Lazy<ExceptionClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
-/// `Pgbus::Hub::InvalidQueueError < ArgumentError`: a queue name that cannot be LISTENed.
-pub static INVALID_QUEUE: Lazy<ExceptionClass> = Lazy::new(|ruby| {
-    hub_module(ruby)
-        .const_get("InvalidQueueError")
-        .expect("defined in init")
-});
-
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     let base = hub.define_error("Error", ruby.exception_standard_error())?;
     hub.define_error("ProtocolError", base)?;
     hub.define_error("HubUnavailableError", base)?;
-    hub.define_error("InvalidQueueError", ruby.exception_arg_error())?;
     Ok(())
 }
 
 pub fn unavailable(ruby: &Ruby, message: impl Into<String>) -> Error {
     Error::new(ruby.get_inner(&HUB_UNAVAILABLE), message.into())
-}
-
-pub fn invalid_queue(ruby: &Ruby, message: impl Into<String>) -> Error {
-    Error::new(ruby.get_inner(&INVALID_QUEUE), message.into())
 }
 
 pub fn protocol_error(ruby: &Ruby, error: ProtocolError) -> Error {

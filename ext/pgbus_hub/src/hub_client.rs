@@ -1,11 +1,12 @@
 //! `Pgbus::Hub::HubClient`: a worker's connection to the master hub.
 //! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
 
-use crate::errors::{invalid_queue, panicked, unavailable};
+use crate::errors::{panicked, unavailable};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::pump::Outputs;
 use magnus::{method, prelude::*, Error, RArray, RModule, RString, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
+use pgbus_hub_core::failover::RefusedNames;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::sync::{Arc, Mutex};
@@ -15,13 +16,16 @@ use std::time::Duration;
 #[magnus::wrap(class = "Pgbus::Hub::HubClient")]
 pub struct RbHubClient {
     client: Mutex<Option<Arc<HubClient>>>,
+    /// The client's log (a refused name is reported there).
+    log: Mutex<Option<LogSink>>,
+    refused: RefusedNames,
     outputs: Outputs,
 }
 
 fn client_error(ruby: &Ruby, error: ClientError) -> Error {
     match error {
         ClientError::Unavailable(message) => unavailable(ruby, message),
-        rejected @ ClientError::Rejected { .. } => invalid_queue(ruby, rejected.to_string()),
+        rejected @ ClientError::Rejected { .. } => unavailable(ruby, rejected.to_string()),
         interrupted @ ClientError::Interrupted => unavailable(ruby, interrupted.to_string()),
     }
 }
@@ -47,6 +51,7 @@ impl RbHubClient {
             .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
         let ((client, reader), records) = loop {
             let (log, records) = LogSink::channel();
+            *lock(&rb_self.log) = Some(log.clone());
             let config = ClientConfig {
                 socket_path: socket_path.to_string()?.into(),
                 ack_timeout,
@@ -74,8 +79,8 @@ impl RbHubClient {
     }
 
     /// `:done` once the hub acked (its LISTEN is active); nil while the hub
-    /// reports its database down (the hub LISTENs it on reconnect). Waits
-    /// without the GVL.
+    /// reports its database down (the hub LISTENs it on reconnect), and for
+    /// a name the hub refused (logged once). Waits without the GVL.
     fn native_ensure_listening(
         ruby: &Ruby,
         rb_self: &Self,
@@ -85,12 +90,19 @@ impl RbHubClient {
             .client()
             .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
         // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
+        let asked = queue.clone();
         let listening = nogvl_cancellable(move |cancelled| {
-            client.ensure_listening_or_cancel(&queue, cancelled)
+            client.ensure_listening_or_cancel(&asked, cancelled)
         })
         .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?;
         if listening.interrupted && listening.value.is_err() {
             return Ok(None); // never raise over Ruby's pending interrupt
+        }
+        if let Err(ClientError::Rejected { reason, .. }) = &listening.value {
+            if let Some(log) = &*lock(&rb_self.log) {
+                rb_self.refused.report(log, &queue, reason);
+            }
+            return Ok(None);
         }
         let listening = listening.value.map_err(|e| client_error(ruby, e))?;
         Ok(match listening {

@@ -7,7 +7,7 @@ mod defaults;
 mod errors;
 mod hub_client;
 mod json;
-mod listener;
+mod failover_listener;
 mod logs;
 mod master_hub;
 mod nogvl;
@@ -33,7 +33,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     protocol::init(ruby, hub)?;
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;
-    listener::init(ruby, hub)?;
+    failover_listener::init(ruby, hub)?;
     hub.define_module_function("check_connection", function!(check_connection, 1))?;
     Ok(())
 }

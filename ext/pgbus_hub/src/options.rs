@@ -102,6 +102,15 @@ const MASTER_HUB: &[(&str, Kind)] = &[
     ("channel_suffix", Text),
 ];
 
+const LISTENER: &[(&str, Kind)] = &[
+    ("connection", Required),
+    ("dispatch_queue", Queue),
+    ("logger", Object),
+    ("health_check_ms", Count),
+    ("channel_prefix", Text),
+    ("channel_suffix", Text),
+];
+
 /// The keywords of each Ruby constructor that takes options, and of
 /// Pgbus::Hub.configure (the master hub's tunables, socket_path optional).
 fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
@@ -114,14 +123,8 @@ fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
             ("logger", Object),
             ("ack_timeout", Seconds),
         ],
-        "Listener" => vec![
-            ("connection", Required),
-            ("dispatch_queue", Queue),
-            ("logger", Object),
-            ("health_check_ms", Count),
-            ("channel_prefix", Text),
-            ("channel_suffix", Text),
-        ],
+        "Listener" => LISTENER.to_vec(),
+        "FailoverListener" => [LISTENER, &[("socket_path", RequiredText)]].concat(),
         "Pgbus::Hub.configure" => MASTER_HUB
             .iter()
             .filter_map(|&(key, kind)| match kind {

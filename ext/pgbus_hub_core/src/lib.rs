@@ -12,6 +12,7 @@
 //! - [`client`]: the worker's hub client: subscribe with acks (waiters), the reading side the
 //!   embedder's pump thread drives (no thread of its own), the failure model.
 //! - [`delivery`]: wakes and failures handed to the embedding runtime (Ruby's pump thread).
+//! - [`failover`]: a worker's listener: the hub client until it fails, then a LISTEN connection of its own.
 //! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves;
 //!   the client's non-blocking socket).
 //! - [`shutdown`]: the one stop signal of a group of tasks.
@@ -20,6 +21,7 @@
 pub mod client;
 pub mod conninfo;
 pub mod delivery;
+pub mod failover;
 pub mod hub;
 pub mod listener;
 pub mod log;

@@ -3,6 +3,9 @@
 //! Tests take one lock so census counts (rows of `pg_stat_activity`) are not
 //! disturbed by another test's hub. Skips (with a message) when no server answers.
 
+mod support_pg;
+
+use support_pg::database_url;
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
 use pgbus_hub_core::listener::ListenerConfig;
@@ -16,18 +19,6 @@ use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn database_url() -> Option<String> {
-    let url = std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
-    match postgres::Client::connect(&url, postgres::NoTls) {
-        Ok(_) => Some(url),
-        Err(e) => {
-            eprintln!("skipping: no PostgreSQL at {url} ({e})");
-            None
-        }
-    }
-}
 
 struct Fixture {
     _serial: MutexGuard<'static, ()>,
@@ -86,22 +77,11 @@ impl Fixture {
     }
 
     fn notify(&mut self, queue: &str, payload: &str) {
-        self.sql
-            .execute(
-                "select pg_notify($1, $2)",
-                &[&format!("pgmq.q_{queue}.INSERT"), &payload],
-            )
-            .unwrap();
+        support_pg::notify(&mut self.sql, queue, payload);
     }
 
     fn census(&mut self) -> i64 {
-        self.sql
-            .query_one(
-                "select count(*) from pg_stat_activity where application_name = $1",
-                &[&self.tag],
-            )
-            .unwrap()
-            .get(0)
+        support_pg::census(&mut self.sql, &self.tag)
     }
 }
 

@@ -112,20 +112,15 @@ module ActionCable
         end
       end
 
-      # Builds, in the subscriptions' thread, the hub's FailoverListener when a
-      # hub LISTENs on our database, else this process's own Listener.
+      # Builds, in the subscriptions' thread, a FailoverListener over the
+      # hub when one LISTENs on our database, else this process's own Listener.
       def listener_factory
         connection = self.class.connection(@server.config.cable)
-        health_check_ms = settings["health_check_ms"] || Pgbus::Hub::DEFAULTS[:health_check_ms]
+        options = { connection: connection, logger: logger }
+        options[:health_check_ms] = settings["health_check_ms"] if settings["health_check_ms"]
         lambda do |wakes|
-          local = lambda do
-            Pgbus::Hub::Listener.new(connection: connection, health_check_ms: health_check_ms, dispatch_queue: wakes,
-                                     logger: logger).start
-          end
-          shared = Pgbus::Hub.hub_listener(scope: settings["listen_scope"] || :master, health_check_ms: health_check_ms,
-                                           dispatch_queue: wakes, local_factory: local, logger: logger) if
-            hub_database?(connection)
-          shared || local.call
+          scope = hub_database?(connection) ? settings["listen_scope"] || :master : :process
+          Pgbus::Hub.worker_listener(scope: scope, dispatch_queue: wakes, **options)
         end
       end
 

@@ -78,30 +78,21 @@ module Pgbus
         ::ActionCable::SubscriptionAdapter::PgbusHub.master_options(cable)
       end
 
-      # A started listener for this worker: a FailoverListener over the master
-      # hub when the scope is :master and the hub answers, else a local Listener.
+      # A started listener for this worker, from Pgbus::Hub.configure.
       def listener(dispatch_queue:, logger: configuration.logger)
         raise Error, "Pgbus::Hub.listener: call Pgbus::Hub.configure with a connection first" unless configured?
 
         options = master_options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix)
-        local = -> { Listener.new(dispatch_queue: dispatch_queue, logger: logger, **options).start }
-        hub_listener(scope: configuration.listen_scope, health_check_ms: options[:health_check_ms],
-                     dispatch_queue: dispatch_queue, local_factory: local, logger: logger) || local.call
+        worker_listener(scope: configuration.listen_scope, dispatch_queue: dispatch_queue, logger: logger, **options)
       end
 
-      # The worker half: nil unless scope :master, the socket is exported and the hub answers.
-      def hub_listener(scope:, health_check_ms:, dispatch_queue:, local_factory:, logger:)
+      # A FailoverListener over the master hub when the scope is :master and
+      # the master exported its socket, else a Listener of its own; started.
+      def worker_listener(scope:, **options)
         socket_path = ENV.fetch(DEFAULT_SOCKET_ENV, "")
-        return nil if scope.to_s != "master" || socket_path.empty?
+        return Listener.new(**options).start if scope.to_s != "master" || socket_path.empty?
 
-        failover = nil
-        client = HubClient.new(socket_path: socket_path, dispatch_queue: dispatch_queue, logger: logger,
-                               ack_timeout: Hub.hub_ack_timeout(health_check_ms), # pgbus's formula
-                               on_failure: -> { failover&.fail_over! }).connect
-        failover = FailoverListener.new(hub_client: client, local_listener_factory: local_factory, logger: logger)
-      rescue HubUnavailableError => e
-        logger&.info("[pgbus-hub] master hub not reachable (#{e.message}) — using a per-worker listener")
-        nil
+        FailoverListener.new(socket_path: socket_path, **options).start
       end
     end
   end

@@ -19,9 +19,9 @@ module Pgbus
         self
       end
 
-      # :done once the hub acked (LISTEN active; during a database outage the
-      # hub acks at once and LISTENs on reconnect). Raises HubUnavailableError
-      # (dead, died while waiting, ack timeout) or InvalidQueueError (refused name).
+      # :done once the hub acked (LISTEN active); nil during a database outage
+      # (the hub LISTENs on reconnect) and for a name the hub refused (logged
+      # once). Raises HubUnavailableError (dead, died while waiting, ack timeout).
       def ensure_listening(queue) = native_ensure_listening(queue.to_s)
 
       # Fire-and-forget; never raises on a dead hub.

@@ -2,39 +2,20 @@
 
 module Pgbus
   module Hub
-    # One outcome for a queue name no LISTEN can take (empty, over 63 bytes
-    # with prefix and suffix, a NUL byte), whatever listener an app got:
-    # ensure_listening returns nil (pgbus's "not listening", which its
-    # dispatcher tolerates) and the first refusal of each name is logged at
-    # ERROR (app code repeats a bad name on every request).
-    class RefusedQueues
-      def initialize
-        @names = Set.new
-        @lock = Mutex.new
-      end
-
-      def report(queue, error, logger)
-        first = @lock.synchronize { @names.add?(queue) }
-        logger&.error("[pgbus-hub] cannot listen to #{queue.inspect}: #{error.message}") if first
-        nil
-      end
-    end
-
-    # A per-worker LISTEN connection (ext/pgbus_hub/src/listener.rs), the
-    # engine the master hub runs: the fallback when there is no hub, and the
-    # standalone listener, with pgbus's Listener surface.
-    class Listener
+    # A worker's listener (ext/pgbus_hub/src/failover_listener.rs), with
+    # pgbus's Listener surface: served by the master hub at socket_path until
+    # the hub fails, then by a LISTEN connection of its own with every
+    # subscription replayed; never back to the hub. A hub that cannot be
+    # reached at start means the own connection at once.
+    class FailoverListener
       include NativeObject
 
       def initialize(**options)
-        resolve_options("Listener", options)
-        @ack_timeout = Hub.listen_ack_timeout(@options[:health_check_ms]) # pgbus's Listener budget
-        @logger = @options[:logger]
+        resolve_options(is_a?(Listener) ? "Listener" : "FailoverListener", options)
         @lock = Mutex.new
-        @refused = RefusedQueues.new
       end
 
-      # Idempotent. Connects in the background; ensure_listening waits for it.
+      # Idempotent.
       def start
         @lock.synchronize do
           next if @pump
@@ -45,20 +26,19 @@ module Pgbus
         self
       end
 
-      # :done once LISTEN is active, nil when not confirmed within the budget.
-      def ensure_listening(queue)
-        result = native_ensure_listening(queue.to_s, @ack_timeout)
-        @logger&.warn("[pgbus-hub] LISTEN for #{queue} not confirmed within #{@ack_timeout}s") if result.nil?
-        result
-      rescue InvalidQueueError => e
-        @refused.report(queue, e, @logger)
-      end
+      # :done once LISTEN is active. nil (pgbus's "not listening", which its
+      # dispatcher tolerates) when not confirmed in time (the subscription is
+      # kept), and for a name no LISTEN can take: empty, over 63 bytes with
+      # prefix and suffix, a NUL byte (logged at ERROR the first time).
+      def ensure_listening(queue) = native_ensure_listening(queue.to_s)
 
       def remove_listening(queue) = native_remove_listening(queue.to_s)
+    end
 
-      def stats = native_stats
-
-      def alive? = !@pump.nil? && ::Process.pid == @owner_pid
+    # A per-worker LISTEN connection, no hub tried: the fallback, the
+    # :process scope and the standalone listener.
+    class Listener < FailoverListener
+      def connected? = stats[:healthy] == true
     end
   end
 end

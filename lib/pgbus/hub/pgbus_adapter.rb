@@ -106,19 +106,16 @@ module Pgbus
       end
 
       # pgbus <= 0.13.0 builds its per-worker Listener (and connection) in
-      # Instance.new: with a hub the worker gets our FailoverListener instead,
-      # pgbus's connection is closed at once and the fallback connects afresh.
+      # Instance.new: with a hub the worker gets our FailoverListener instead
+      # (its fallback connects afresh) and pgbus's connection is closed.
       module ListenerNew
         def new(**kwargs)
-          config = ::Pgbus.configuration
-          fresh = kwargs[:connection_factory] || -> { ::Pgbus::DedicatedConnection.connect(config.streams_connection_options) }
-          hub = Hub.hub_listener(scope: PgbusAdapter.scope_of(config), health_check_ms: PgbusAdapter.health_check_ms(config),
-                                 dispatch_queue: kwargs[:dispatch_queue], logger: kwargs[:logger],
-                                 local_factory: -> { super(**kwargs, pg_connection: fresh.call).tap(&:start) })
-          return super unless hub
+          options = PgbusAdapter.master_options
+          return super if options.nil? || options[:scope].to_s != "master" || ENV.fetch(DEFAULT_SOCKET_ENV, "").empty?
 
           kwargs[:pg_connection]&.close
-          hub
+          Hub.worker_listener(dispatch_queue: kwargs[:dispatch_queue], logger: kwargs[:logger],
+                              **options.slice(:scope, :connection, :health_check_ms, :channel_prefix, :channel_suffix))
         end
       end
     end
@@ -132,7 +129,6 @@ module Pgbus
 
       def initialize(unavailable:, **options)
         @unavailable = unavailable
-        @refused = RefusedQueues.new
         super(**options)
       end
 
@@ -146,8 +142,6 @@ module Pgbus
         super
       rescue HubUnavailableError => e
         raise @unavailable, e.message
-      rescue InvalidQueueError => e
-        @refused.report(queue, e, @logger)
       end
     end
 

@@ -30,6 +30,15 @@ module Rel
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
+  # The hub and worker processes the running scenario started (with_tmpdir kills them).
+  def started = (@started ||= [])
+
+  # SIGSTOP is delivered asynchronously: returns once the process is stopped.
+  def sigstop(pid)
+    Process.kill("STOP", pid)
+    wait_until("process #{pid} stopped", interval: 0.001) { File.read("/proc/#{pid}/stat")[/\) (\w)/, 1] == "T" }
+  end
+
   def url
     @url ||= TestDatabase.keywords(dbname: DB)
   end
@@ -122,6 +131,7 @@ class RelHub
                          in: @in_r, out: out_w, err: @log_path)
     @in_r.close
     out_w.close
+    Rel.started << self
     line = Timeout.timeout(20) { @out.gets }
     raise "hub process did not start: #{line.inspect} #{log}" unless line&.strip == "ready"
   end
@@ -167,9 +177,8 @@ class RelHub
   end
 end
 
-# A forked worker process running pgbus's worker stack for real:
-# HubClient (on_failure -> FailoverListener#fail_over!) + FailoverListener +
-# a per-worker Listener factory. Commands go down a pipe; events (JSON lines:
+# A forked worker process running the worker's stack for real: the native
+# FailoverListener (hub client, then its own connection). Commands go down a pipe; events (JSON lines:
 # ready, sub results, wakes with a CLOCK_MONOTONIC stamp, failure/fail-over)
 # come back up another and are buffered by a reader thread.
 class RelWorker
@@ -183,6 +192,7 @@ class RelWorker
       @rep.close
       RelWorker.child(socket_path, url, ack_timeout, connect, cmd_r, rep_w)
     end
+    Rel.started << self
     cmd_r.close
     rep_w.close
     @events = []
@@ -206,27 +216,16 @@ class RelWorker
     lock = Mutex.new
     emit = ->(event) { lock.synchronize { rep_w.write("#{JSON.generate(event)}\n") } }
     queue = Queue.new
-    failover = nil
-    listener_factory = lambda do
-      Pgbus::Hub::Listener.new(connection: url, dispatch_queue: queue, health_check_ms: 100).start
-    end
-    impl =
-      begin
-        raise Pgbus::Hub::HubUnavailableError, "no hub wanted" unless connect
-
-        client = Pgbus::Hub::HubClient.new(
-          socket_path: socket_path, dispatch_queue: queue, ack_timeout: ack_timeout,
-          on_failure: lambda {
-            emit.call({ "ev" => "hub_lost", "t" => Rel.now })
-            failover&.fail_over!
-            emit.call({ "ev" => "failed_over", "t" => Rel.now, "ok" => failover&.failed_over? })
-          }
-        ).connect
-        failover = Pgbus::Hub::FailoverListener.new(hub_client: client, local_listener_factory: listener_factory)
-      rescue Pgbus::Hub::HubUnavailableError => e
-        emit.call({ "ev" => "no_hub", "why" => e.message })
-        listener_factory.call
+    # ack_timeout is the hub client's: pgbus's formula, health check + 2 s.
+    options = { connection: url, dispatch_queue: queue, health_check_ms: [((ack_timeout - 2.0) * 1000).round, 100].max }
+    impl = connect ? Pgbus::Hub::FailoverListener.new(socket_path: socket_path, **options) : Pgbus::Hub::Listener.new(**options)
+    impl.start
+    if connect # the fail-over, as soon as the listener reports it
+      Thread.new do
+        sleep 0.002 until impl.failed_over?
+        emit.call({ "ev" => "failed_over", "t" => Rel.now, "ok" => true })
       end
+    end
     Thread.new do
       loop do
         wake = queue.pop
@@ -333,8 +332,12 @@ class RelWorker
   rescue Errno::ECHILD
     nil
   ensure
+    @stopped = true
     close_pipes
   end
+
+  # with_tmpdir's cleanup.
+  def kill = (kill9 unless @stopped)
 
   def stop
     return if @stopped
@@ -451,10 +454,14 @@ module RelInvariants
     expect(last[:rss_kb]).to be <= first[:rss_kb] + rss_slack_kb, "RSS grew: #{samples.map { |s| s[:rss_kb] }}"
   end
 
+  # A scenario's temp dir; every hub and worker process it started is
+  # killed at its end, passed or failed, so none outlives it into the next census.
   def with_tmpdir
     Dir.mktmpdir("pgbus-rel") do |dir|
       File.chmod(0o755, dir)
       yield dir
+    ensure
+      Rel.started.pop.kill while Rel.started.any?
     end
   end
 end

@@ -1,0 +1,158 @@
+//! `Pgbus::Hub::FailoverListener` (and its subclass `Listener`, the same
+//! without a hub to try): a worker's listener, served by the master hub
+//! until it fails, then by a LISTEN connection of its own
+//! (`pgbus_hub_core::failover`). lib/pgbus/hub/listener.rb owns the
+//! keywords, the pump and log threads.
+
+use crate::errors::{hub_error, panicked};
+use crate::nogvl::{check_interrupts, nogvl_cancellable};
+use crate::options::listener_config;
+use crate::pump::Outputs;
+use magnus::{method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol};
+use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
+use pgbus_hub_core::log::LogSink;
+use pgbus_hub_core::sync::lock;
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+#[magnus::wrap(class = "Pgbus::Hub::FailoverListener")]
+pub struct RbFailoverListener {
+    /// Shared by concurrent calls (one per request thread); `stop` takes it out.
+    listener: Mutex<Option<Arc<FailoverListener>>>,
+    outputs: Outputs,
+}
+
+impl RbFailoverListener {
+    fn listener(&self) -> Option<Arc<FailoverListener>> {
+        lock(&self.listener).clone()
+    }
+
+    /// Connects to the hub at `:socket_path` (if given) without the GVL;
+    /// Thread#kill / Thread#raise end a wait on a full listen backlog at once.
+    fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
+        if rb_self.listener().is_some() {
+            return Ok(()); // idempotent, like pgbus's Listener#start
+        }
+        let socket_path: Option<RString> = options.lookup(ruby.to_symbol("socket_path"))?;
+        let socket_path = socket_path.map(|p| p.to_string()).transpose()?;
+        let ((listener, wakes), records) = loop {
+            let (log, records) = LogSink::channel();
+            let config = FailoverConfig {
+                socket_path: socket_path.clone().map(Into::into),
+                listener: listener_config(ruby, options, log)?,
+            };
+            let started = nogvl_cancellable(move |cancelled| {
+                FailoverListener::start_or_cancel(config, cancelled)
+            })
+            .ok_or_else(|| panicked(ruby, "FailoverListener#start"))?;
+            match started.value {
+                Ok(started) => break (started, records),
+                // Never raise over Ruby's pending interrupt; nothing Rust owns
+                // may be live at the check (it may unwind).
+                Err(_) if started.interrupted => {
+                    drop(records);
+                    check_interrupts();
+                }
+                Err(error) => return Err(hub_error(ruby, error.to_string())),
+            }
+        };
+        *lock(&rb_self.listener) = Some(Arc::new(listener));
+        rb_self.outputs.open(Arc::new(wakes), records);
+        Ok(())
+    }
+
+    /// `:done` once LISTEN is active; nil when not confirmed in time, for a
+    /// name no LISTEN can take (logged once), or when interrupted. Waits without the GVL.
+    fn ensure_listening(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+    ) -> Result<Option<Symbol>, Error> {
+        let Some(listener) = rb_self.listener() else {
+            return Err(hub_error(
+                ruby,
+                "ensure_listening before start (or after stop)",
+            ));
+        };
+        let listened = nogvl_cancellable(move |cancelled| {
+            listener.ensure_listening_or_cancel(&queue, cancelled)
+        })
+        .ok_or_else(|| panicked(ruby, "FailoverListener#ensure_listening"))?;
+        Ok((listened.value == Listened::Done).then(|| ruby.to_symbol("done")))
+    }
+
+    fn remove_listening(&self, queue: String) {
+        if let Some(listener) = self.listener() {
+            listener.remove_listening(&queue);
+        }
+    }
+
+    fn failed_over(&self) -> bool {
+        self.listener().is_some_and(|l| l.failed_over())
+    }
+
+    /// The local connection's health (`{}` while the hub serves).
+    fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
+        let hash = ruby.hash_new();
+        if let Some(local) = rb_self.listener().and_then(|l| l.local()) {
+            let stats = local.stats();
+            hash.aset(ruby.to_symbol("healthy"), stats.healthy())?;
+            hash.aset(ruby.to_symbol("reconnects"), stats.reconnects())?;
+            hash.aset(ruby.to_symbol("notifications"), stats.notifications())?;
+            hash.aset(ruby.to_symbol("channels"), stats.channels())?;
+            hash.aset(ruby.to_symbol("backend_pid"), stats.backend_pid())?;
+            hash.aset(ruby.to_symbol("last_error"), stats.last_error())?;
+        }
+        Ok(hash)
+    }
+
+    /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
+    /// the side's threads at once (stopped all the same), and the outputs
+    /// are closed either way.
+    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let taken = lock(&rb_self.listener).take();
+        let stopped = match taken {
+            Some(listener) => {
+                nogvl_cancellable(move |cancelled| listener.stop_or_cancel(cancelled))
+                    .map(|stop| stop.value)
+            }
+            None => Some(()),
+        };
+        rb_self.outputs.close();
+        stopped.ok_or_else(|| panicked(ruby, "FailoverListener#stop"))
+    }
+
+    fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        rb_self.outputs.next_batch(ruby)
+    }
+
+    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+        rb_self.outputs.next_logs(ruby)
+    }
+}
+
+pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    let class = hub.define_class("FailoverListener", ruby.class_object())?;
+    class.define_alloc_func::<RbFailoverListener>();
+    class.define_private_method("native_start", method!(RbFailoverListener::native_start, 1))?;
+    class.define_private_method(
+        "native_ensure_listening",
+        method!(RbFailoverListener::ensure_listening, 1),
+    )?;
+    class.define_private_method(
+        "native_remove_listening",
+        method!(RbFailoverListener::remove_listening, 1),
+    )?;
+    class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
+    class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
+    class.define_private_method("native_stop", method!(RbFailoverListener::native_stop, 0))?;
+    class.define_private_method(
+        "native_next_batch",
+        method!(RbFailoverListener::native_next_batch, 0),
+    )?;
+    class.define_private_method(
+        "native_next_logs",
+        method!(RbFailoverListener::native_next_logs, 0),
+    )?;
+    Ok(())
+}

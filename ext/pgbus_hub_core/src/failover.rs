@@ -1,0 +1,391 @@
+//! A worker's listener: served by the master hub while the hub serves, by a
+//! LISTEN connection of its own from the hub's first failure on.
+//!
+//! The hub client's failure model is pgbus 0.13.1's: never reconnect. So the
+//! first failure (an `Unavailable` answer to a sub, or the client's one
+//! [`Delivery::Failed`] seen by the pump) builds ONE [`StandaloneListener`],
+//! asks it for every subscription recorded so far and swaps it in; the
+//! listener never goes back to the hub (a worker recycles onto a new hub).
+//! A hub that cannot be reached at start means the local listener at once.
+//!
+//! No acknowledged subscription is lost: a queue is recorded before the
+//! caller's sub goes out, and the swap happens in the same critical section
+//! that finds nothing recorded is left to replay. The replay waits for its
+//! LISTENs (one LISTEN budget for the lot), so once the local listener is
+//! in charge it is listening; with the database down, the engine keeps them
+//! and runs them when it connects.
+//!
+//! One outcome for every input, whichever side serves: [`Listened::Done`],
+//! or [`Listened::NotConfirmed`] (timed out, the database down, interrupted;
+//! the subscription is kept), or [`Listened::Refused`] for a name no LISTEN
+//! can take or a hub's nack (logged at ERROR the first time per name; the
+//! subscription is dropped, never replayed).
+
+use crate::client::{
+    hub_ack_timeout, ClientConfig, ClientError, DrivenReader, HubClient, Listening,
+};
+use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
+use crate::listener::{
+    listen_ack_timeout, ListenError, ListenerConfig, ListenerHandle, StandaloneListener,
+};
+use crate::log::LogSink;
+use crate::process::Owner;
+use crate::sync::lock;
+use crossbeam_channel::Receiver;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What `ensure_listening` came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listened {
+    /// LISTEN is active (the hub acked, or the local connection ran it).
+    Done,
+    /// Not confirmed in time (the subscription is kept and LISTENed later).
+    NotConfirmed,
+    /// No LISTEN can take this name, or the hub refused it: why.
+    Refused(String),
+}
+
+/// The names refused so far. Each is logged at ERROR once: app code repeats
+/// a bad name on every request.
+#[derive(Default)]
+pub struct RefusedNames(Mutex<HashSet<String>>);
+
+impl RefusedNames {
+    pub fn report(&self, log: &LogSink, queue: &str, reason: &str) {
+        if lock(&self.0).insert(queue.to_owned()) {
+            log.error(format!("[pgbus-hub] cannot listen to {queue:?}: {reason}"));
+        }
+    }
+}
+
+pub struct FailoverConfig {
+    /// The master hub's socket; None: the local listener from the start.
+    pub socket_path: Option<PathBuf>,
+    /// The fallback's connection, health check and channel names; its
+    /// health check also sets both ack budgets (pgbus's formulas).
+    pub listener: ListenerConfig,
+}
+
+/// Who serves subscriptions now.
+#[derive(Clone)]
+enum Serving {
+    Hub(Arc<HubClient>),
+    Local(Arc<StandaloneListener>),
+    /// The local listener could not be built, or `stop` ran.
+    Nobody,
+}
+
+struct State {
+    serving: Serving,
+    subscriptions: HashSet<String>,
+    /// Set by the first fail-over (whatever it came to): there is no second.
+    failed_over: bool,
+    stopped: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// One fail-over at a time (the replay runs outside `state`'s lock).
+    failing_over: Mutex<()>,
+    listener: ListenerConfig,
+    /// Where the local listener's wakes go (the pump reads them after the swap).
+    local_wakes: DeliverySender,
+    refused: RefusedNames,
+    log: LogSink,
+    owner: Owner,
+}
+
+pub struct FailoverListener {
+    shared: Arc<Shared>,
+}
+
+/// The wakes of a [`FailoverListener`], for the embedder's pump thread: the
+/// hub client's [`DrivenReader`] until it fails (which triggers the
+/// fail-over), then the local listener's channel.
+pub struct FailoverWakes {
+    hub: Mutex<Option<Arc<DrivenReader>>>,
+    local: DeliveryReceiver,
+    shared: Arc<Shared>,
+}
+
+impl FailoverListener {
+    /// Connects to the hub (giving up when `cancel` receives, as
+    /// [`HubClient::connect_driven_or_cancel`]); a hub that cannot be
+    /// reached is logged and the local listener starts instead.
+    pub fn start_or_cancel(
+        config: FailoverConfig,
+        cancel: &Receiver<()>,
+    ) -> Result<(Self, FailoverWakes), ClientError> {
+        let log = config.listener.log.clone();
+        let (local_wakes, local) = delivery::channel();
+        let mut hub = None;
+        let had_hub = config.socket_path.is_some();
+        if let Some(socket_path) = config.socket_path {
+            let client = ClientConfig {
+                socket_path,
+                ack_timeout: hub_ack_timeout(config.listener.health_check),
+                log: log.clone(),
+            };
+            match HubClient::connect_driven_or_cancel(client, cancel) {
+                Ok(connected) => hub = Some(connected),
+                Err(ClientError::Interrupted) => return Err(ClientError::Interrupted),
+                Err(error) => log.info(format!(
+                    "[pgbus-hub] master hub not reachable ({error}) — using a per-worker listener"
+                )),
+            }
+        }
+        let (serving, reader) = match hub {
+            Some((client, reader)) => (Serving::Hub(Arc::new(client)), Some(Arc::new(reader))),
+            None => (Serving::Nobody, None),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                serving,
+                subscriptions: HashSet::new(),
+                failed_over: false,
+                stopped: false,
+            }),
+            failing_over: Mutex::new(()),
+            listener: config.listener,
+            local_wakes,
+            refused: RefusedNames::default(),
+            log,
+            owner: Owner::current(),
+        });
+        match (&reader, had_hub) {
+            (Some(_), _) => {}
+            (None, true) => shared.fail_over(),
+            (None, false) => {
+                let local = shared.start_local();
+                lock(&shared.state).serving = local.map_or(Serving::Nobody, Serving::Local);
+            }
+        }
+        let wakes = FailoverWakes {
+            hub: Mutex::new(reader),
+            local,
+            shared: Arc::clone(&shared),
+        };
+        Ok((Self { shared }, wakes))
+    }
+
+    /// Subscribes to `queue` on whichever side serves (see the module doc);
+    /// a wait ends early when `cancel` receives (then `NotConfirmed`).
+    pub fn ensure_listening_or_cancel(&self, queue: &str, cancel: &Receiver<()>) -> Listened {
+        let shared = &self.shared;
+        if !shared.owner.is_current() {
+            return Listened::NotConfirmed; // a forked child: nothing here is its own
+        }
+        let serving = {
+            let mut state = lock(&shared.state);
+            state.subscriptions.insert(queue.to_owned());
+            state.serving.clone()
+        };
+        let outcome = match serving {
+            Serving::Hub(client) => match client.ensure_listening_or_cancel(queue, cancel) {
+                Ok(Listening::Active) => Listened::Done,
+                Ok(Listening::AfterReconnect | Listening::Interrupted) => Listened::NotConfirmed,
+                Err(ClientError::Rejected { reason, .. }) => Listened::Refused(reason),
+                Err(ClientError::Interrupted) => Listened::NotConfirmed,
+                Err(ClientError::Unavailable(_)) => {
+                    shared.fail_over();
+                    let serving = lock(&shared.state).serving.clone();
+                    shared.listen_on(&serving, queue, cancel)
+                }
+            },
+            serving => shared.listen_on(&serving, queue, cancel),
+        };
+        if let Listened::Refused(reason) = &outcome {
+            lock(&shared.state).subscriptions.remove(queue);
+            shared.refused.report(&shared.log, queue, reason);
+        }
+        outcome
+    }
+
+    pub fn ensure_listening(&self, queue: &str) -> Listened {
+        self.ensure_listening_or_cancel(queue, &crossbeam_channel::never())
+    }
+
+    /// Asynchronous; never fails.
+    pub fn remove_listening(&self, queue: &str) {
+        let serving = {
+            let mut state = lock(&self.shared.state);
+            state.subscriptions.remove(queue);
+            state.serving.clone()
+        };
+        match serving {
+            Serving::Hub(client) => client.remove_listening(queue),
+            Serving::Local(local) => local.remove_listening(queue),
+            Serving::Nobody => {}
+        }
+    }
+
+    /// True once the hub's failure (or absence at start) handed over to the
+    /// local listener; false without a hub to try.
+    pub fn failed_over(&self) -> bool {
+        let state = lock(&self.shared.state);
+        state.failed_over && !matches!(state.serving, Serving::Hub(_))
+    }
+
+    /// The local listener once it serves (for its stats).
+    pub fn local(&self) -> Option<Arc<StandaloneListener>> {
+        match &lock(&self.shared.state).serving {
+            Serving::Local(local) => Some(Arc::clone(local)),
+            _ => None,
+        }
+    }
+
+    /// Idempotent: stops whichever side serves; no fail-over happens after it.
+    /// Waits for the side's threads unless `cancel` receives (see the sides' `stop_or_cancel`).
+    pub fn stop_or_cancel(&self, cancel: &Receiver<()>) {
+        let serving = {
+            let mut state = lock(&self.shared.state);
+            state.stopped = true;
+            std::mem::replace(&mut state.serving, Serving::Nobody)
+        };
+        match serving {
+            Serving::Hub(client) => client.stop_or_cancel(cancel),
+            Serving::Local(local) => local.stop_or_cancel(cancel),
+            Serving::Nobody => {}
+        }
+    }
+
+    pub fn stop(&self) {
+        self.stop_or_cancel(&crossbeam_channel::never());
+    }
+}
+
+impl Shared {
+    fn listen_on(&self, serving: &Serving, queue: &str, cancel: &Receiver<()>) -> Listened {
+        let Serving::Local(local) = serving else {
+            return Listened::NotConfirmed; // stopped, or no local listener could be built
+        };
+        let timeout = listen_ack_timeout(self.listener.health_check);
+        match local.ensure_listening_or_cancel(queue, timeout, cancel) {
+            Ok(()) => Listened::Done,
+            Err(error) if error.is_invalid_name() => Listened::Refused(error.to_string()),
+            Err(ListenError::Timeout) if cancel.try_recv().is_err() => {
+                self.log.warn(format!(
+                    "[pgbus-hub] LISTEN for {queue} not confirmed within {:?}s",
+                    timeout.as_secs_f64()
+                ));
+                Listened::NotConfirmed
+            }
+            Err(_) => Listened::NotConfirmed,
+        }
+    }
+
+    /// The local listener, started (connecting in the background); None,
+    /// logged, when its thread cannot start.
+    fn start_local(&self) -> Option<Arc<StandaloneListener>> {
+        match StandaloneListener::start(self.listener.clone(), self.local_wakes.clone()) {
+            Ok(local) => Some(Arc::new(local)),
+            Err(error) => {
+                self.log.error(format!(
+                    "[pgbus-hub] per-worker listener failed to start ({error}) — streams degraded until this worker recycles"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Asks the engine for each LISTEN and waits for the answers, at most
+    /// one LISTEN budget for the lot: an engine still connecting (the
+    /// database down) keeps them and runs them when it connects.
+    fn replay(&self, engine: &ListenerHandle, queues: &[String]) {
+        let (answered, answers) = crossbeam_channel::unbounded();
+        for queue in queues {
+            let answered = answered.clone();
+            engine.listen_then(queue, move |_| {
+                let _ = answered.send(());
+            });
+        }
+        let budget = listen_ack_timeout(self.listener.health_check);
+        let deadline = Instant::now() + budget;
+        let confirmed = (0..queues.len())
+            .take_while(|_| answers.recv_deadline(deadline).is_ok())
+            .count();
+        if confirmed < queues.len() {
+            self.log.warn(format!(
+                "[pgbus-hub] {} replayed LISTEN(s) not confirmed within {:?}s; the per-worker listener runs them once connected",
+                queues.len() - confirmed,
+                budget.as_secs_f64()
+            ));
+        }
+    }
+
+    /// Idempotent: builds the local listener, replays every recorded
+    /// subscription on it and swaps it in (see the module doc).
+    fn fail_over(&self) {
+        let _one = lock(&self.failing_over);
+        {
+            let mut state = lock(&self.state);
+            if state.stopped || state.failed_over {
+                return;
+            }
+            state.failed_over = true;
+        }
+        let Some(local) = self.start_local() else {
+            lock(&self.state).serving = Serving::Nobody;
+            return;
+        };
+        let Some(engine) = local.handle() else { return };
+        let mut replayed = HashSet::new();
+        loop {
+            let pending: Vec<String> = {
+                let mut state = lock(&self.state);
+                if state.stopped {
+                    drop(state);
+                    local.stop();
+                    return;
+                }
+                let pending: Vec<String> =
+                    state.subscriptions.difference(&replayed).cloned().collect();
+                if pending.is_empty() {
+                    state.serving = Serving::Local(Arc::clone(&local));
+                }
+                pending
+            };
+            if pending.is_empty() {
+                break;
+            }
+            self.replay(engine, &pending);
+            replayed.extend(pending);
+        }
+        self.log.info(format!(
+            "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed)",
+            replayed.len()
+        ));
+    }
+}
+
+impl WakeSource for FailoverWakes {
+    fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
+        let hub = lock(&self.hub).clone();
+        let Some(hub) = hub else {
+            return self.local.next_batch(max, timeout);
+        };
+        let mut batch = hub.next_batch(max, timeout);
+        let failed = batch
+            .items
+            .iter()
+            .any(|item| matches!(item, Delivery::Failed { .. }));
+        if failed || batch.closed {
+            batch.items.retain(|item| matches!(item, Delivery::Wake(_)));
+            batch.closed = false; // the local listener's wakes follow
+            *lock(&self.hub) = None;
+            self.shared.fail_over();
+        }
+        batch
+    }
+
+    /// Both sides: the pump may be switching from one to the other.
+    fn interrupt(&self) {
+        if let Some(hub) = lock(&self.hub).clone() {
+            hub.interrupt();
+        }
+        self.local.interrupt();
+    }
+}

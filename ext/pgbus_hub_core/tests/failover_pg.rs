@@ -1,0 +1,257 @@
+//! The worker's FailoverListener against a real master hub and PostgreSQL:
+//! served by the hub, then (the hub stopped) by its own connection with
+//! every subscription replayed; local from the start without a hub; one
+//! outcome for a refused name; nothing built after stop.
+
+mod support_pg;
+
+use support_pg::database_url;
+use pgbus_hub_core::conninfo::ConnectionOptions;
+use pgbus_hub_core::delivery::{Delivery, WakeSource};
+use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, FailoverWakes, Listened};
+use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
+use pgbus_hub_core::listener::ListenerConfig;
+use pgbus_hub_core::log::{LogSink, Record};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+
+static FIXTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// This test's names: its own application_name (the census counts only its
+/// connections), queue names, socket directory.
+struct Fixture {
+    url: String,
+    tag: String,
+    dir: PathBuf,
+    sql: postgres::Client,
+}
+
+impl Fixture {
+    fn new() -> Option<Self> {
+        let url = database_url()?;
+        let n = FIXTURES.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("pgbus-fo-{}-{n}", std::process::id());
+        let dir = std::env::temp_dir().join(&tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        Some(Self { url, tag, dir, sql })
+    }
+
+    fn queue(&self, name: &str) -> String {
+        format!("{}_{name}", self.tag.replace('-', "_"))
+    }
+
+    fn listener(&self, log: LogSink) -> ListenerConfig {
+        ListenerConfig {
+            connection: ConnectionOptions::parse(&self.url)
+                .unwrap()
+                .with_application_name(&self.tag),
+            health_check: Duration::from_millis(100),
+            channel_prefix: "pgmq.q_".into(),
+            channel_suffix: ".INSERT".into(),
+            log,
+        }
+    }
+
+    fn hub(&self) -> MasterHub {
+        MasterHub::start(HubConfig {
+            listener: self.listener(LogSink::silent()),
+            socket_path: self.dir.join("hub.sock"),
+            status_interval: Duration::from_millis(200),
+            durable_queue_limit: 256,
+            hard_queue_limit: 1024,
+            max_channels_per_connection: hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
+            max_channels: hub::DEFAULT_MAX_CHANNELS,
+        })
+        .unwrap()
+    }
+
+    fn failover(&self, hub: Option<&MasterHub>, log: LogSink) -> (FailoverListener, Pump) {
+        let config = FailoverConfig {
+            socket_path: hub.map(|hub| hub.socket_path().to_owned()),
+            listener: self.listener(log),
+        };
+        let (listener, wakes) =
+            FailoverListener::start_or_cancel(config, &crossbeam_channel::never()).unwrap();
+        (listener, Pump::start(wakes))
+    }
+
+    fn notify(&mut self, queue: &str, payload: &str) {
+        support_pg::notify(&mut self.sql, queue, payload);
+    }
+
+    fn census(&mut self) -> i64 {
+        support_pg::census(&mut self.sql, &self.tag)
+    }
+
+    fn wait_for_census(&mut self, expected: i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.census() != expected {
+            assert!(Instant::now() < deadline, "census never reached {expected}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The embedder's pump thread, played by a test thread.
+struct Pump {
+    wakes: crossbeam_channel::Receiver<Delivery>,
+    stop: Arc<AtomicBool>,
+    source: Arc<FailoverWakes>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Pump {
+    fn start(source: FailoverWakes) -> Self {
+        let source = Arc::new(source);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sender, wakes) = crossbeam_channel::unbounded();
+        let (pumped, stopping) = (Arc::clone(&source), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::SeqCst) {
+                let batch = pumped.next_batch(64, Duration::from_millis(200));
+                batch
+                    .items
+                    .into_iter()
+                    .for_each(|item| sender.send(item).unwrap());
+            }
+        });
+        Self {
+            wakes,
+            stop,
+            source,
+            thread: Some(thread),
+        }
+    }
+
+    fn expect_wake(&self, queue: &str, payload: &str) {
+        match self.wakes.recv_timeout(Duration::from_secs(5)) {
+            Ok(Delivery::Wake(wake)) => {
+                assert_eq!(
+                    (&*wake.queue, wake.payload.as_deref()),
+                    (queue, Some(payload))
+                )
+            }
+            other => panic!("expected a wake of {queue}, got {other:?}"),
+        }
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.source.interrupt();
+        self.thread.take().unwrap().join().unwrap();
+    }
+}
+
+fn logged(records: &crossbeam_channel::Receiver<Record>, needle: &str) -> usize {
+    records
+        .try_iter()
+        .filter(|r| r.message.contains(needle))
+        .count()
+}
+
+#[test]
+fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = fx.hub();
+    let (a, b, gone) = (fx.queue("a"), fx.queue("b"), fx.queue("gone"));
+    let (log, records) = LogSink::channel();
+    let (listener, pump) = fx.failover(Some(&hub), log);
+    for queue in [&a, &b, &gone] {
+        assert_eq!(listener.ensure_listening(queue), Listened::Done);
+    }
+    listener.remove_listening(&gone);
+    fx.notify(&a, "via-hub");
+    pump.expect_wake(&a, "via-hub");
+    assert!(!listener.failed_over());
+    fx.wait_for_census(1); // the hub's connection only
+
+    hub.stop();
+    // The pump sees the hub go and hands over; the replay is not waited for,
+    // so a caller's confirmed LISTEN marks the moment both replayed ones ran.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listener.failed_over() {
+        assert!(Instant::now() < deadline, "never failed over");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(listener.ensure_listening(&a), Listened::Done);
+    fx.wait_for_census(1); // the local connection now
+    fx.notify(&b, "via-local");
+    fx.notify(&gone, "unsubscribed");
+    fx.notify(&a, "again");
+    pump.expect_wake(&b, "via-local");
+    pump.expect_wake(&a, "again");
+    assert!(pump.wakes.recv_timeout(Duration::from_millis(300)).is_err());
+    assert_eq!(logged(&records, "2 subscription(s) re-LISTENed"), 1);
+
+    listener.stop();
+    fx.wait_for_census(0);
+}
+
+#[test]
+fn without_a_hub_the_local_listener_serves_from_the_start() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let queue = fx.queue("q");
+    let config = FailoverConfig {
+        socket_path: Some(fx.dir.join("nobody-here.sock")),
+        listener: fx.listener(LogSink::silent()),
+    };
+    let (listener, wakes) =
+        FailoverListener::start_or_cancel(config, &crossbeam_channel::never()).unwrap();
+    let pump = Pump::start(wakes);
+    assert!(listener.failed_over());
+    assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+    fx.notify(&queue, "local");
+    pump.expect_wake(&queue, "local");
+    fx.wait_for_census(1);
+    listener.stop();
+    fx.wait_for_census(0);
+}
+
+#[test]
+fn a_refused_name_has_one_outcome_on_either_side_and_is_logged_once() {
+    let Some(fx) = Fixture::new() else { return };
+    let too_long = "q".repeat(70);
+    let mut hub = fx.hub();
+    for served_by_hub in [true, false] {
+        let (log, records) = LogSink::channel();
+        let (listener, _pump) = fx.failover(served_by_hub.then_some(&hub), log);
+        assert!(!listener.failed_over());
+        for _ in 0..3 {
+            assert!(matches!(
+                listener.ensure_listening(&too_long),
+                Listened::Refused(_)
+            ));
+        }
+        assert_eq!(logged(&records, "cannot listen to"), 1);
+        listener.stop();
+    }
+    hub.stop();
+}
+
+#[test]
+fn after_stop_nothing_is_confirmed_and_no_fallback_is_built() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let queue = fx.queue("q");
+    let mut hub = fx.hub();
+    let (listener, _pump) = fx.failover(Some(&hub), LogSink::silent());
+    assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+    listener.stop();
+    hub.stop();
+    assert_eq!(listener.ensure_listening(&queue), Listened::NotConfirmed);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!listener.failed_over());
+    fx.wait_for_census(0);
+}

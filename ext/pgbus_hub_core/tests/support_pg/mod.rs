@@ -1,0 +1,38 @@
+//! The test database and the two probes the PostgreSQL tests share: a
+//! NOTIFY on a queue's channel, and the census of one tag's connections.
+
+#![allow(dead_code)]
+
+/// The run's database (`rake test` sets PGBUS_HUB_TEST_DATABASE_URL to one
+/// of its own), or None (the test skips) when nothing answers there.
+pub fn database_url() -> Option<String> {
+    let url = std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
+    match postgres::Client::connect(&url, postgres::NoTls) {
+        Ok(_) => Some(url),
+        Err(e) => {
+            eprintln!("skipping: no PostgreSQL at {url} ({e})");
+            None
+        }
+    }
+}
+
+/// NOTIFY on pgmq's channel for `queue`.
+pub fn notify(sql: &mut postgres::Client, queue: &str, payload: &str) {
+    sql.execute(
+        "select pg_notify($1, $2)",
+        &[&format!("pgmq.q_{queue}.INSERT"), &payload],
+    )
+    .unwrap();
+}
+
+/// Connections whose application_name is `tag` (a test's own).
+pub fn census(sql: &mut postgres::Client, tag: &str) -> i64 {
+    sql.query_one(
+        "select count(*) from pg_stat_activity where application_name = $1",
+        &[&tag],
+    )
+    .unwrap()
+    .get(0)
+}
