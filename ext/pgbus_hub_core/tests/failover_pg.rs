@@ -5,7 +5,6 @@
 
 mod support_pg;
 
-use support_pg::database_url;
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, FailoverWakes, Listened};
@@ -17,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
+use support_pg::database_url;
 
 static FIXTURES: AtomicUsize = AtomicUsize::new(0);
 

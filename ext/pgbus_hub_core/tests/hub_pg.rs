@@ -5,7 +5,6 @@
 
 mod support_pg;
 
-use support_pg::database_url;
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
 use pgbus_hub_core::listener::ListenerConfig;
@@ -16,9 +15,9 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use support_pg::database_url;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
 
 struct Fixture {
     _serial: MutexGuard<'static, ()>,
