@@ -164,7 +164,7 @@ class Cluster
 
     env = { "RUBYLIB" => [File.join(ROOT, "lib"), ENV["RUBYLIB"]].compact.reject(&:empty?).join(File::PATH_SEPARATOR),
             "DEMO_DATABASE_URL" => @database_url, "DEMO_PORT" => @port.to_s, "DEMO_WORKERS" => @workers.to_s,
-            "DEMO_SCOPE" => @scope.to_s, "PGBUS_STREAMS_HUB_SOCKET" => nil, "PGBUS_HUB_BOOT_POLL" => "0.1" }
+            "DEMO_SCOPE" => @scope.to_s, "PGBUS_STREAMS_HUB_SOCKET" => nil }
     @pid = Process.spawn(env, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "puma.rb"), chdir: __dir__, pgroup: true,
                          in: File::NULL, out: @log_path, err: %i[child out])
     Demo.wait_until("puma to serve on port #{@port}", timeout: 60) do

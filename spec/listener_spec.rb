@@ -68,10 +68,11 @@ RSpec.describe Pgbus::Hub::Listener do
       expect(l.ensure_listening("x" * 60)).to be_nil
       expect(l.ensure_listening("nul\0byte")).to be_nil
     end
+    expect(l.ensure_listening("fine_after")).to eq(:done)
+    wait_for("the log thread to write them") { out.string.lines.grep(/ERROR/).size >= 3 }
     errors = out.string.lines.grep(/ERROR/)
     expect(errors.size).to eq(3)
     expect(errors.join).to include("empty").and include("63 bytes").and include("NUL")
-    expect(l.ensure_listening("fine_after")).to eq(:done)
   end
 
   it "stops unlisten'd delivery and stops within 2 s" do

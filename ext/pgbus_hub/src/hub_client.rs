@@ -4,7 +4,7 @@
 use crate::errors::{panicked, unavailable};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::pump::Outputs;
-use magnus::{method, prelude::*, Error, RArray, RModule, RString, Ruby, Symbol};
+use magnus::{method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::failover::RefusedNames;
 use pgbus_hub_core::log::LogSink;
@@ -147,7 +147,29 @@ impl RbHubClient {
     }
 }
 
+/// `Pgbus::Hub.request_stats(socket_path, timeout)`: a running hub's
+/// counters (Symbol keys), asked without the GVL; HubUnavailableError when
+/// nothing there answers, nil when Ruby interrupted the wait.
+fn request_stats(ruby: &Ruby, socket_path: String, timeout: f64) -> Result<Option<RHash>, Error> {
+    let timeout = Duration::try_from_secs_f64(timeout)
+        .map_err(|_| crate::errors::arg_error(ruby, "timeout must be a positive number"))?;
+    let answer = nogvl_cancellable(move |cancelled| {
+        pgbus_hub_core::client::request_stats(socket_path.as_ref(), timeout, cancelled)
+    })
+    .ok_or_else(|| panicked(ruby, "Pgbus::Hub.stats"))?;
+    if answer.interrupted {
+        return Ok(None); // never raise over Ruby's pending interrupt
+    }
+    let stats = answer.value.map_err(|e| unavailable(ruby, e.to_string()))?;
+    let hash = ruby.hash_new();
+    for (key, value) in stats {
+        hash.aset(ruby.to_symbol(&key), crate::json::to_ruby(ruby, value)?)?;
+    }
+    Ok(Some(hash))
+}
+
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    hub.define_module_function("request_stats", magnus::function!(request_stats, 2))?;
     let class = hub.define_class("HubClient", ruby.class_object())?;
     class.define_alloc_func::<RbHubClient>();
     class.define_private_method("native_connect", method!(RbHubClient::native_connect, 2))?;

@@ -325,6 +325,42 @@ fn a_stats_only_connection_is_not_counted_as_a_worker() {
 }
 
 #[test]
+fn an_operators_stats_request_answers_or_says_why_not() {
+    use pgbus_hub_core::client::{request_stats, StatsError};
+    let Some(fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(fx.config("operator")).unwrap();
+    let _worker = Peer::connect(&hub);
+    wait_until("1 connection accepted", || hub.stats().workers == 1);
+    let never = crossbeam_channel::never();
+    let second = Duration::from_secs(1);
+    let stats = request_stats(hub.socket_path(), second, &never).unwrap();
+    assert_eq!(stats["workers"], 1, "the asking connection is no worker");
+    assert!(stats.contains_key("listener_healthy"));
+
+    // A socket nobody answers on (pgbus's Ruby hub ignores the frame): NoAnswer at the timeout.
+    let silent_path = fx.dir.join("silent.sock");
+    let _silent = std::os::unix::net::UnixListener::bind(&silent_path).unwrap();
+    let short = Duration::from_millis(100);
+    let started = Instant::now();
+    let error = request_stats(&silent_path, short, &never).unwrap_err();
+    assert!(matches!(error, StatsError::NoAnswer { .. }), "{error}");
+    assert!(started.elapsed() >= short);
+    let missing = request_stats(&fx.dir.join("missing.sock"), short, &never).unwrap_err();
+    assert!(
+        missing
+            .to_string()
+            .starts_with("cannot reach master hub at "),
+        "{missing}"
+    );
+
+    // Cancelled while waiting for an answer: at once.
+    let (cancel, cancelled) = crossbeam_channel::bounded(1);
+    cancel.send(()).unwrap();
+    let error = request_stats(&silent_path, Duration::from_secs(30), &cancelled).unwrap_err();
+    assert_eq!(error, StatsError::Interrupted);
+}
+
+#[test]
 fn a_worker_that_never_reads_is_evicted_even_if_a_forked_child_holds_its_socket() {
     let Some(mut fx) = Fixture::new() else { return };
     let mut config = fx.config("evict");

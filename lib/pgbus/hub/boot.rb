@@ -42,11 +42,6 @@ module Pgbus
     # Process._fork) the hub starts synchronously unless it runs, so no worker
     # forks before it listens; `teardown` disarms and stops it.
     module Boot
-      # A configuration missing at the first fork (no preload_app!) may still
-      # arrive, e.g. from a later Pgbus.configure: checked each second, for two minutes.
-      POLL_SECONDS = 1.0
-      POLLS = 120
-
       @teardowns = []
 
       class << self
@@ -65,12 +60,18 @@ module Pgbus
           ::Process.singleton_class.prepend(ForkHook) unless ::Process.singleton_class.include?(ForkHook)
         end
 
-        # In the armed master before every fork; never raises into it.
+        # In the armed master before every fork; never raises into it. A
+        # configuration not there yet (no preload_app!) is looked for again at the next fork.
         def before_fork
-          return if SharedHub.current&.running? || @poller&.alive?
+          return if SharedHub.current&.running?
 
           options = Hub.master_options
-          options ? start(options) : wait_for_configuration
+          return start(options) if options
+          return if @missing_logged
+
+          @missing_logged = true
+          @logger&.warn("[pgbus-hub] no hub configuration as workers fork (no preload_app!? configure pgbus or " \
+                        "Pgbus::Hub in puma.rb): workers use their own LISTEN connections until a later fork finds one")
         rescue Error => e
           @armed_pid = nil # refused: not again at every fork
           @logger&.error("[pgbus-hub] no master hub: #{e.message} — workers use their own LISTEN connections")
@@ -84,7 +85,6 @@ module Pgbus
           @armed_pid = nil
           Thread.new do
             @logger&.info("[pgbus-hub] #{why}: stopping the master hub") if SharedHub.current
-            @poller&.kill
             SharedHub.stop
             @teardowns.each(&:call)
           rescue StandardError => e
@@ -104,22 +104,6 @@ module Pgbus
         rescue StandardError => e
           @logger&.error("[pgbus-hub] master hub failed to start (#{e.class}: #{e.message}) — " \
                          "workers fall back to per-worker listeners")
-        end
-
-        def wait_for_configuration
-          @logger&.warn("[pgbus-hub] no hub configuration as workers fork (no preload_app!? configure pgbus or " \
-                        "Pgbus::Hub in puma.rb): waiting up to #{POLLS}s; until the hub starts, workers use " \
-                        "their own LISTEN connections")
-          @poller = Hub.thread("pgbus-hub boot") do
-            options = nil
-            POLLS.times do
-              sleep POLL_SECONDS
-              break if (options = Hub.master_options)
-            end
-            options ? start(options) : @logger&.warn("[pgbus-hub] no hub configuration within #{POLLS}s: no master hub")
-          rescue StandardError => e
-            @logger&.error("[pgbus-hub] no master hub: #{e.message}")
-          end
         end
       end
 

@@ -1,10 +1,7 @@
 # frozen_string_literal: true
 
-# pgbus-hub's Puma plugin (`plugin :pgbus_hub`, or `plugin :pgbus_streams`,
-# the name pgbus's own plugin has: whichever file Puma finds first serves).
+# `plugin :pgbus_hub` (or :pgbus_streams): lib/pgbus/hub/puma_plugin.rb.
 require "puma/plugin"
 require "pgbus/hub"
 
-Puma::Plugin.create do
-  include Pgbus::Hub::PumaPlugin
-end
+Puma::Plugin.create { include Pgbus::Hub::PumaPlugin }

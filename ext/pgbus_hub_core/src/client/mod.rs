@@ -15,7 +15,8 @@
 //! `ack_timeout` makes `ensure_listening` time out (and fail over).
 //!
 //! Files: this one holds the API and the failure model; [`waiters`] the subs
-//! awaiting the hub's answer; [`driven`] the reading side; the socket itself
+//! awaiting the hub's answer; [`driven`] the reading side; [`stats`] an
+//! operator's one stats request; the socket itself
 //! is [`crate::transport::socket`].
 //!
 //! Database outages are not transport failures. While the hub's last
@@ -38,9 +39,11 @@
 //! and never writes to or shuts down the parent's socket.
 
 mod driven;
+mod stats;
 mod waiters;
 
 pub use driven::DrivenReader;
+pub use stats::{request_stats, StatsError};
 
 use crate::delivery::{self, Delivery, DeliverySender};
 use crate::log::LogSink;

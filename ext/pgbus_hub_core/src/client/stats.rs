@@ -1,0 +1,120 @@
+//! One stats request to a running hub, for an operator's tools
+//! (`pgbus-hub status`, `Pgbus::Hub.stats`): our `{"t":"stats"}` frame and
+//! its answer, on a connection of its own that the hub does not count as a worker.
+
+use crate::protocol::{encode_object, Decoder, Message, Object, STATS_KIND};
+use crate::transport::socket::{ClientSocket, ConnectError, Readiness};
+use crossbeam_channel::Receiver;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often a wait for the answer looks at its cancel channel: an unblock
+/// function is honoured within the 50 ms Ruby callers are promised.
+const CANCEL_CHECK: Duration = Duration::from_millis(10);
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum StatsError {
+    /// Nothing answers at the path (or it is not a socket): why.
+    Unreachable { socket_path: PathBuf, why: String },
+    /// Connected, but no stats frame came within the timeout (pgbus's Ruby hub never answers one).
+    NoAnswer {
+        socket_path: PathBuf,
+        timeout: Duration,
+    },
+    /// The hub hung up without answering (it refuses peers of another uid).
+    Closed { socket_path: PathBuf },
+    /// The caller cancelled (an embedder's unblock function).
+    Interrupted,
+}
+
+impl fmt::Display for StatsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreachable { socket_path, why } => {
+                write!(f, "cannot reach master hub at {}: {why}", socket_path.display())
+            }
+            Self::NoAnswer {
+                socket_path,
+                timeout,
+            } => write!(
+                f,
+                "the hub at {} did not answer a stats request within {:?}s (not a pgbus-hub MasterHub?)",
+                socket_path.display(),
+                timeout.as_secs_f64()
+            ),
+            Self::Closed { socket_path } => write!(
+                f,
+                "the hub at {} closed the connection without answering \
+                 (it refuses peers of another uid: run this as the user that runs Puma)",
+                socket_path.display()
+            ),
+            Self::Interrupted => f.write_str("the stats request was interrupted"),
+        }
+    }
+}
+
+impl std::error::Error for StatsError {}
+
+/// The counters of the hub at `socket_path` (its stats frame's `stats` object).
+pub fn request_stats(
+    socket_path: &Path,
+    timeout: Duration,
+    cancel: &Receiver<()>,
+) -> Result<Object, StatsError> {
+    let unreachable = |why: String| StatsError::Unreachable {
+        socket_path: socket_path.to_owned(),
+        why,
+    };
+    let closed = || StatsError::Closed {
+        socket_path: socket_path.to_owned(),
+    };
+    crate::transport::check_socket_path(socket_path).map_err(unreachable)?;
+    let socket = ClientSocket::connect(socket_path, cancel).map_err(|e| match e {
+        ConnectError::Cancelled => StatsError::Interrupted,
+        ConnectError::Failed(e) => unreachable(e.to_string()),
+    })?;
+    let mut request = Object::new();
+    request.insert("t".into(), STATS_KIND.into());
+    let frame = encode_object(&request).expect("a one-key object always encodes");
+    let deadline = Instant::now() + timeout;
+    socket
+        .write_frame(&frame, Some(deadline), cancel)
+        .map_err(|_| closed())?;
+    // Never signalled: the waits below end by their own timeout.
+    let never = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut decoder = Decoder::default();
+    loop {
+        while let Some(message) = decoder.next_message().map_err(|_| closed())? {
+            if let Message::Unknown(mut object) = message {
+                let stats = object.remove("stats");
+                if object.get("t").and_then(|t| t.as_str()) == Some(STATS_KIND) {
+                    if let Some(serde_json::Value::Object(stats)) = stats {
+                        return Ok(stats);
+                    }
+                }
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(StatsError::NoAnswer {
+                socket_path: socket_path.to_owned(),
+                timeout,
+            });
+        }
+        if cancel.try_recv().is_ok() {
+            return Err(StatsError::Interrupted);
+        }
+        use std::os::fd::AsFd;
+        if socket.wait_readable(never.as_fd(), left.min(CANCEL_CHECK)) == Readiness::Readable {
+            match socket.read_into(&mut decoder) {
+                Ok(0) => return Err(closed()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(closed()),
+            }
+        }
+    }
+}
