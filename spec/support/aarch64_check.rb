@@ -10,6 +10,9 @@ url = ENV.fetch("PGBUS_HUB_TEST_DATABASE_URL", "postgres://pgbus_hub_test:pgbus-
 path = "/tmp/pgbus-hub-aarch64-#{Process.pid}.sock"
 channel = "aarch64_check_#{Process.pid}"
 hub = Pgbus::Hub::MasterHub.new(connection: url, socket_path: path, channel_prefix: "", channel_suffix: "").start
+# Under emulation the hub's first connection takes seconds; until it is up a
+# sub is acked at once and LISTENed on connect, so a NOTIFY sent before that is lost.
+Timeout.timeout(60) { sleep 0.1 until hub.stats[:listener_healthy] }
 wakes = Queue.new
 client = Pgbus::Hub::HubClient.new(socket_path: path, dispatch_queue: wakes).connect
 listening = client.ensure_listening(channel)

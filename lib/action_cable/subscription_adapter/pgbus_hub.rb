@@ -116,11 +116,10 @@ module ActionCable
       # hub when one LISTENs on our database, else this process's own Listener.
       def listener_factory
         connection = self.class.connection(@server.config.cable)
-        options = { connection: connection, logger: logger }
-        options[:health_check_ms] = settings["health_check_ms"] if settings["health_check_ms"]
+        options = { connection: connection, health_check_ms: settings["health_check_ms"] }.compact
         lambda do |wakes|
           scope = hub_database?(connection) ? settings["listen_scope"] || :master : :process
-          Pgbus::Hub.worker_listener(scope: scope, dispatch_queue: wakes, **options)
+          Pgbus::Hub.worker_listener({ scope: scope, **options }, dispatch_queue: wakes, logger: logger)
         end
       end
 

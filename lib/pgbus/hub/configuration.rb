@@ -82,17 +82,19 @@ module Pgbus
       def listener(dispatch_queue:, logger: configuration.logger)
         raise Error, "Pgbus::Hub.listener: call Pgbus::Hub.configure with a connection first" unless configured?
 
-        options = master_options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix)
-        worker_listener(scope: configuration.listen_scope, dispatch_queue: dispatch_queue, logger: logger, **options)
+        worker_listener(master_options, dispatch_queue: dispatch_queue, logger: logger)
       end
 
-      # A FailoverListener over the master hub when the scope is :master and
-      # the master exported its socket, else a Listener of its own; started.
-      def worker_listener(scope:, **options)
-        socket_path = ENV.fetch(DEFAULT_SOCKET_ENV, "")
-        return Listener.new(**options).start if scope.to_s != "master" || socket_path.empty?
+      # True when a worker of the hub `options` describe (master_options' shape) is served by the master's hub.
+      def hub_served?(options) = options[:scope].to_s == "master" && !ENV.fetch(DEFAULT_SOCKET_ENV, "").empty?
 
-        FailoverListener.new(socket_path: socket_path, **options).start
+      # A started worker listener for `options`: a FailoverListener over the
+      # master's hub when it serves, else a Listener of its own.
+      def worker_listener(options, **worker)
+        listener = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix).merge(worker)
+        return Listener.new(**listener).start unless hub_served?(options)
+
+        FailoverListener.new(socket_path: ENV.fetch(DEFAULT_SOCKET_ENV), **listener).start
       end
     end
   end

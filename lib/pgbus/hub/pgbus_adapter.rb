@@ -41,14 +41,14 @@ module Pgbus
                                            channel_prefix: listener::CHANNEL_PREFIX, channel_suffix: listener::CHANNEL_SUFFIX)
         end
 
+        private
+
         def scope_of(config) = config.respond_to?(:streams_listen_scope) ? config.streams_listen_scope : :master
 
         def health_check_ms(config)
           value = config.streams_listen_health_check_ms
           value.is_a?(Integer) && value.positive? ? value : Hub::DEFAULTS[:health_check_ms]
         end
-
-        private
 
         def install_hub_era
           streamer = ::Pgbus::Web::Streamer
@@ -111,11 +111,10 @@ module Pgbus
       module ListenerNew
         def new(**kwargs)
           options = PgbusAdapter.master_options
-          return super if options.nil? || options[:scope].to_s != "master" || ENV.fetch(DEFAULT_SOCKET_ENV, "").empty?
+          return super unless options && Hub.hub_served?(options)
 
           kwargs[:pg_connection]&.close
-          Hub.worker_listener(dispatch_queue: kwargs[:dispatch_queue], logger: kwargs[:logger],
-                              **options.slice(:scope, :connection, :health_check_ms, :channel_prefix, :channel_suffix))
+          Hub.worker_listener(options, dispatch_queue: kwargs[:dispatch_queue], logger: kwargs[:logger])
         end
       end
     end
