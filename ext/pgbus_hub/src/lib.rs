@@ -5,9 +5,9 @@
 
 mod defaults;
 mod errors;
+mod failover_listener;
 mod hub_client;
 mod json;
-mod failover_listener;
 mod logs;
 mod master_hub;
 mod nogvl;
@@ -24,6 +24,12 @@ fn check_connection(ruby: &Ruby, value: Value) -> Result<String, Error> {
     Ok(options::connection(ruby, value)?.to_string())
 }
 
+/// `Pgbus::Hub.database_of(connection)`: the server(s) and database a
+/// connection reaches, libpq's defaults applied, to compare two configurations.
+fn database_of(ruby: &Ruby, value: Value) -> Result<String, Error> {
+    Ok(options::connection(ruby, value)?.database())
+}
+
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
     let hub = ruby.define_module("Pgbus")?.define_module("Hub")?;
@@ -35,5 +41,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     hub_client::init(ruby, hub)?;
     failover_listener::init(ruby, hub)?;
     hub.define_module_function("check_connection", function!(check_connection, 1))?;
+    hub.define_module_function("database_of", function!(database_of, 1))?;
     Ok(())
 }

@@ -56,17 +56,6 @@ module ActionCable
           Pgbus::Hub.configuration.master_options(scope: (settings["listen_scope"] || :master).to_sym,
                                                   source: "actioncable", connection: connection(cable), **tuning)
         end
-
-        # host/port/dbname of a connection (String or Hash): the hub serves this
-        # adapter only if it LISTENs on the same database.
-        def database_of(connection)
-          pairs = if connection.is_a?(Hash)
-                    connection.transform_keys(&:to_s)
-                  else
-                    PG::Connection.conninfo_parse(connection).to_h { |o| [o[:keyword], o[:val]] }
-                  end
-          pairs.values_at("host", "port", "dbname").map(&:to_s)
-        end
       end
 
       def initialize(*)
@@ -128,7 +117,7 @@ module ActionCable
       def hub_database?(connection)
         hub = Pgbus::Hub.master_options
         return true if hub.nil? || hub[:source] == "actioncable"
-        return true if self.class.database_of(hub[:connection]) == self.class.database_of(connection)
+        return true if Pgbus::Hub.database_of(hub[:connection]) == Pgbus::Hub.database_of(connection)
 
         logger&.info("[pgbus-hub] the master hub LISTENs on another database than ActionCable's: " \
                      "this process LISTENs for ActionCable on its own connection")

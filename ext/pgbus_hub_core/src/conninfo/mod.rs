@@ -282,6 +282,31 @@ impl ConnectionOptions {
             .unwrap_or(DEFAULT_APPLICATION_NAME)
     }
 
+    /// The server(s) and database these options reach, libpq's defaults
+    /// applied (`host=... port=... dbname=...`): equal for two
+    /// configurations of the same database, however each was written.
+    pub fn database(&self) -> String {
+        let config = &self.config;
+        let hosts: Vec<String> = config.get_hosts().iter().map(host_text).collect();
+        let hostaddrs: Vec<String> = config
+            .get_hostaddrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let mut ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+        if ports.is_empty() {
+            ports.push(DEFAULT_PORT.to_string());
+        }
+        let user = config.get_user().unwrap_or_default();
+        format!(
+            "host={} hostaddr={} port={} dbname={}",
+            hosts.join(","),
+            hostaddrs.join(","),
+            ports.join(","),
+            config.get_dbname().unwrap_or(user)
+        )
+    }
+
     pub fn tls_policy(&self) -> TlsPolicy {
         self.tls.policy
     }
@@ -857,6 +882,29 @@ impl fmt::Debug for ConnectionOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn database_is_the_same_however_the_options_are_written() {
+        let url =
+            ConnectionOptions::parse("postgres://alice:secret@db.example:5433/app?sslmode=disable")
+                .unwrap();
+        let keywords =
+            ConnectionOptions::parse("host=db.example port=5433 dbname=app user=bob").unwrap();
+        let pairs = ConnectionOptions::from_pairs(vec![
+            ("host".into(), "db.example".into()),
+            ("port".into(), "5433".into()),
+            ("dbname".into(), "app".into()),
+        ])
+        .unwrap();
+        assert_eq!(
+            url.database(),
+            "host=db.example hostaddr= port=5433 dbname=app"
+        );
+        assert_eq!(keywords.database(), url.database());
+        assert_eq!(pairs.database(), url.database());
+        let other = ConnectionOptions::parse("host=db.example port=5433 dbname=other").unwrap();
+        assert_ne!(other.database(), url.database());
+    }
 
     fn error(text: &str) -> String {
         ConnectionOptions::parse(text).unwrap_err().to_string()
