@@ -31,8 +31,7 @@ RSpec.describe "raw channels" do
       id = TestDatabase.with do |conn|
         conn.exec("set client_min_messages to warning") # CREATE ... IF NOT EXISTS notices
         conn.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL)
-        conn.exec_params("insert into #{Pgbus::Hub::LARGE_PAYLOAD_TABLE} (payload) values ($1) returning id", [large])
-            .getvalue(0, 0)
+        conn.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [large]).getvalue(0, 0)
       end
       notify_raw("#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{id}")
       expect([next_wake(wakes), next_wake(wakes), next_wake(wakes)].map { |w| [w.queue_name, w.payload] })

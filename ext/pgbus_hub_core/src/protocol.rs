@@ -48,11 +48,35 @@ pub const LARGE_PAYLOAD_MARK: &str = "\u{1}pgbus-hub:";
 /// first large broadcast, rows removed after a bounded time by the broadcasters).
 pub const LARGE_PAYLOAD_TABLE: &str = "pgbus_hub_large_payloads";
 
-/// The table's definition, for broadcasters to create it on first use.
+/// PostgreSQL refuses a NOTIFY payload of this many bytes or more: a
+/// broadcaster stores such a payload in [`LARGE_PAYLOAD_TABLE`] instead.
+pub const NOTIFY_PAYLOAD_LIMIT: usize = 8000;
+
+/// How long a large payload's row stays. A listener reads it when the NOTIFY
+/// arrives, in commit order, moments after the broadcast; a listener minutes
+/// behind has failed its health check and reconnected, losing that NOTIFY
+/// anyway. Five minutes also covers a broadcast made inside a transaction
+/// that commits minutes later (created_at is the insert time), while the
+/// table holds only five minutes of large broadcasts.
+const LARGE_PAYLOAD_RETENTION: &str = "5 minutes";
+
+/// The table's definition, for broadcasters to create it on first use
+/// (IF NOT EXISTS: one statement, any number of processes).
 pub fn large_payload_ddl() -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {LARGE_PAYLOAD_TABLE} (id bigserial PRIMARY KEY, \
          payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+    )
+}
+
+/// A broadcaster's one statement for a large payload (`$1`): removes the
+/// rows past the retention and stores this one, returning its id (what
+/// follows [`LARGE_PAYLOAD_MARK`] in the NOTIFY).
+pub fn large_payload_insert() -> String {
+    format!(
+        "WITH expired AS (DELETE FROM {LARGE_PAYLOAD_TABLE} \
+         WHERE created_at < now() - interval '{LARGE_PAYLOAD_RETENTION}') \
+         INSERT INTO {LARGE_PAYLOAD_TABLE} (payload, created_at) VALUES ($1, clock_timestamp()) RETURNING id"
     )
 }
 

@@ -851,7 +851,9 @@ fn raw_channels_and_queues_share_one_connection() {
 /// hub reads the row once and every subscriber gets the whole payload, in order.
 #[test]
 fn a_large_payload_is_read_once_and_fanned_out_in_order() {
-    use pgbus_hub_core::protocol::{large_payload_ddl, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
+    use pgbus_hub_core::protocol::{
+        large_payload_ddl, large_payload_insert, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE,
+    };
     let Some(mut fx) = Fixture::new() else { return };
     fx.sql.batch_execute(&large_payload_ddl()).unwrap();
     let hub = MasterHub::start(fx.config("large")).unwrap();
@@ -866,10 +868,7 @@ fn a_large_payload_is_read_once_and_fanned_out_in_order() {
     let large = "x".repeat(100 * 1024);
     let id: i64 = fx
         .sql
-        .query_one(
-            &format!("INSERT INTO {LARGE_PAYLOAD_TABLE} (payload) VALUES ($1) RETURNING id"),
-            &[&large],
-        )
+        .query_one(&large_payload_insert(), &[&large])
         .unwrap()
         .get(0);
     for payload in [

@@ -19,15 +19,6 @@ module ActionCable
     class PgbusHub < Base
       prepend ChannelPrefix
 
-      # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more.
-      NOTIFY_PAYLOAD_LIMIT = 8000
-      # How long a large payload's row stays. A listener reads it when the
-      # NOTIFY arrives, in commit order, moments after the broadcast; a
-      # listener minutes behind has failed its health check and reconnected,
-      # losing that NOTIFY anyway. Five minutes also covers a broadcast made
-      # inside a transaction that commits minutes later (created_at is the
-      # insert time), while the table holds only five minutes of large broadcasts.
-      LARGE_PAYLOAD_RETENTION = "5 minutes"
       # ActiveRecord's names for the libpq keywords the hub takes (README, "Connection").
       LIBPQ_NAMES = { database: :dbname, username: :user }.freeze
       LIBPQ_KEYS = %i[host port dbname user password sslmode connect_timeout options variables].freeze
@@ -66,7 +57,7 @@ module ActionCable
 
       def broadcast(channel, payload)
         with_broadcast_connection do |pg|
-          payload = large_payload_reference(pg, payload) if payload.bytesize >= NOTIFY_PAYLOAD_LIMIT
+          payload = large_payload_reference(pg, payload) if payload.bytesize >= Pgbus::Hub::NOTIFY_PAYLOAD_LIMIT
           pg.exec("NOTIFY #{pg.escape_identifier(channel_identifier(channel))}, '#{pg.escape_string(payload)}'")
         end
       end
@@ -142,24 +133,12 @@ module ActionCable
         end
       end
 
-      # Stores the payload (table created on first use, rows past the
-      # retention removed in the same statement) and returns the mark + id
-      # the listeners replace with it.
+      # Stores the payload (pgbus_hub_large_payloads, created by the first use
+      # in this process; rows past the retention removed in the same statement)
+      # and returns the mark + id the listeners replace with it.
       def large_payload_reference(pg, payload)
-        create_large_payload_table(pg) unless @large_payload_table
-        id = pg.exec_params(<<~SQL, [payload]).getvalue(0, 0)
-          WITH expired AS (DELETE FROM #{Pgbus::Hub::LARGE_PAYLOAD_TABLE}
-                            WHERE created_at < now() - interval '#{LARGE_PAYLOAD_RETENTION}')
-          INSERT INTO #{Pgbus::Hub::LARGE_PAYLOAD_TABLE} (payload, created_at)
-          VALUES ($1, clock_timestamp()) RETURNING id
-        SQL
-        "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{id}"
-      end
-
-      # First use in this process (CREATE ... IF NOT EXISTS: one statement, any number of processes).
-      def create_large_payload_table(pg)
-        pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL)
-        @large_payload_table = true
+        @large_payload_table ||= pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL) && true
+        "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{pg.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)}"
       end
     end
   end
