@@ -63,4 +63,17 @@ RSpec.describe "real pgbus with pgbus-hub in a Puma cluster", :puma do
       puts "  [real pgbus #{order}/#{gemfile}: census 1, #{subs.size} workers woken, exit #{c.exit_status.exitstatus}]"
     end
   end
+
+  it "hub stopped: every worker fails over to a connection of its own (census 4) and keeps waking" do
+    c = cluster(mode: :real, order: :ours_first, env: { "PGBUS_E2E_RACKUP" => File.join(ROOT, "spec/support/real_pgbus/config.ru") })
+    c.wait_log(/master hub listening at/)
+    subs = c.subscribe_all(unique_stream)
+    expect(c.census_settles_at(1)).to eq(1)
+    c.signal("WINCH") # the test app's master stops the native hub
+    expect(c.census_settles_at(4)).to eq(4)
+    expect(wake_everywhere(c, subs.keys, subs.values.first["queue"])).to be_empty
+    c.stop(signal: "INT")
+    expect(c.exit_status).to be_success
+    puts "  [real pgbus, hub stopped: census 4, #{subs.size} workers woken on their own connections, exit 0]"
+  end
 end
