@@ -16,9 +16,6 @@ rescue LoadError
 end
 require_relative "hub/native_object"
 require_relative "hub/wake_message"
-require_relative "hub/master_hub"
-require_relative "hub/hub_client"
-require_relative "hub/listener"
 require_relative "hub/status"
 require_relative "hub/configuration"
 require_relative "hub/boot"

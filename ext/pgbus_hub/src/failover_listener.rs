@@ -1,17 +1,21 @@
 //! `Pgbus::Hub::FailoverListener` (and its subclass `Listener`, the same
 //! without a hub to try): a worker's listener, served by the master hub
 //! until it fails, then by a LISTEN connection of its own
-//! (`pgbus_hub_core::failover`). lib/pgbus/hub/listener.rb owns the
-//! keywords, the pump and log threads.
+//! (`pgbus_hub_core::failover`), with pgbus's Listener surface. Its pump
+//! and log threads are lib/pgbus/hub/native_object.rb's.
 
 use crate::errors::{hub_error, panicked};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
-use crate::options::listener_config;
+use crate::options::{self, listener_config};
 use crate::pump::Outputs;
-use magnus::{method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol};
+use magnus::{
+    method, prelude::*, typed_data::Obj, value::Lazy, Error, RArray, RClass, RHash, RModule,
+    RString, Ruby, Symbol, Value,
+};
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
@@ -19,6 +23,8 @@ use std::sync::{Arc, Mutex};
 pub struct RbFailoverListener {
     /// Shared by concurrent calls (one per request thread); `stop` takes it out.
     listener: Mutex<Option<Arc<FailoverListener>>>,
+    /// Set by the first `start` (the next ones return at once).
+    started: AtomicBool,
     outputs: Outputs,
 }
 
@@ -27,12 +33,33 @@ impl RbFailoverListener {
         lock(&self.listener).clone()
     }
 
+    fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
+        let listener_class: RClass = ruby.get_inner(&LISTENER);
+        let owner = if rb_self.is_kind_of(listener_class) {
+            "Listener"
+        } else {
+            "FailoverListener"
+        };
+        options::initialize(ruby, rb_self, owner, args)
+    }
+
+    /// Idempotent, like pgbus's Listener#start: starts the listener, then
+    /// its pump and log threads.
+    fn start(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
+        if rb_self.started.swap(true, Ordering::SeqCst) {
+            return Ok(rb_self);
+        }
+        if let Err(error) = Self::native_start(ruby, &rb_self, options::of(rb_self)?) {
+            rb_self.started.store(false, Ordering::SeqCst);
+            return Err(error);
+        }
+        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub listener",))?;
+        Ok(rb_self)
+    }
+
     /// Connects to the hub at `:socket_path` (if given) without the GVL;
     /// Thread#kill / Thread#raise end a wait on a full listen backlog at once.
     fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
-        if rb_self.listener().is_some() {
-            return Ok(()); // idempotent, like pgbus's Listener#start
-        }
         let socket_path: Option<RString> = options.lookup(ruby.to_symbol("socket_path"))?;
         let socket_path = socket_path.map(|p| p.to_string()).transpose()?;
         let ((listener, wakes), records) = loop {
@@ -66,8 +93,9 @@ impl RbFailoverListener {
     fn ensure_listening(
         ruby: &Ruby,
         rb_self: &Self,
-        queue: String,
+        queue: Value,
     ) -> Result<Option<Symbol>, Error> {
+        let queue = options::queue_name(queue)?;
         let Some(listener) = rb_self.listener() else {
             return Err(hub_error(
                 ruby,
@@ -81,10 +109,19 @@ impl RbFailoverListener {
         Ok((listened.value == Listened::Done).then(|| ruby.to_symbol("done")))
     }
 
-    fn remove_listening(&self, queue: String) {
+    fn remove_listening(&self, queue: Value) -> Result<(), Error> {
+        let queue = options::queue_name(queue)?;
         if let Some(listener) = self.listener() {
             listener.remove_listening(&queue);
         }
+        Ok(())
+    }
+
+    /// `Listener#connected?`: its connection is up.
+    fn connected(&self) -> bool {
+        self.listener()
+            .and_then(|l| l.local())
+            .is_some_and(|local| local.stats().healthy())
     }
 
     fn failed_over(&self) -> bool {
@@ -131,18 +168,30 @@ impl RbFailoverListener {
     }
 }
 
+/// `Pgbus::Hub::Listener`: the same, without a hub to try (the `:process`
+/// scope, single mode, standalone).
+static LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
+    ruby.define_module("Pgbus")
+        .and_then(|m| m.define_module("Hub"))
+        .and_then(|m| m.const_get("Listener"))
+        .expect("defined in init")
+});
+
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     let class = hub.define_class("FailoverListener", ruby.class_object())?;
     class.define_alloc_func::<RbFailoverListener>();
-    class.define_private_method("native_start", method!(RbFailoverListener::native_start, 1))?;
-    class.define_private_method(
-        "native_ensure_listening",
+    class.define_method("initialize", method!(RbFailoverListener::initialize, -1))?;
+    class.define_method("start", method!(RbFailoverListener::start, 0))?;
+    class.define_method(
+        "ensure_listening",
         method!(RbFailoverListener::ensure_listening, 1),
     )?;
-    class.define_private_method(
-        "native_remove_listening",
+    class.define_method(
+        "remove_listening",
         method!(RbFailoverListener::remove_listening, 1),
     )?;
+    let listener = hub.define_class("Listener", class)?;
+    listener.define_method("connected?", method!(RbFailoverListener::connected, 0))?;
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
     class.define_private_method("native_stop", method!(RbFailoverListener::native_stop, 0))?;

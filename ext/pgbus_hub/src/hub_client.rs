@@ -1,10 +1,15 @@
-//! `Pgbus::Hub::HubClient`: a worker's connection to the master hub.
-//! lib/pgbus/hub/hub_client.rb owns the keywords, the pump and log threads.
+//! `Pgbus::Hub::HubClient`: a worker's connection to the master hub (the
+//! transport pgbus 0.13.1+'s own FailoverListener drives). Its pump and log
+//! threads are lib/pgbus/hub/native_object.rb's.
 
 use crate::errors::{panicked, unavailable};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
+use crate::options;
 use crate::pump::Outputs;
-use magnus::{method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol};
+use magnus::{
+    method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, RString, Ruby, Symbol,
+    TryConvert, Value,
+};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::failover::RefusedNames;
 use pgbus_hub_core::log::LogSink;
@@ -33,6 +38,23 @@ fn client_error(ruby: &Ruby, error: ClientError) -> Error {
 impl RbHubClient {
     fn client(&self) -> Option<Arc<HubClient>> {
         lock(&self.client).clone()
+    }
+
+    fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
+        options::initialize(ruby, rb_self, "HubClient", args)
+    }
+
+    fn socket_path(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Value, Error> {
+        options::option(ruby, rb_self, "socket_path")
+    }
+
+    /// Raises HubUnavailableError "cannot reach master hub at PATH: ...".
+    fn connect(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
+        let socket_path = RString::try_convert(options::option(ruby, rb_self, "socket_path")?)?;
+        let ack_timeout = f64::try_convert(options::option(ruby, rb_self, "ack_timeout")?)?;
+        Self::native_connect(ruby, &rb_self, socket_path, ack_timeout)?;
+        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub client",))?;
+        Ok(rb_self)
     }
 
     /// Connects without the GVL (a hub whose listen backlog is full makes
@@ -81,11 +103,13 @@ impl RbHubClient {
     /// `:done` once the hub acked (its LISTEN is active); nil while the hub
     /// reports its database down (the hub LISTENs it on reconnect), and for
     /// a name the hub refused (logged once). Waits without the GVL.
-    fn native_ensure_listening(
+    /// Raises HubUnavailableError (dead, died while waiting, ack timeout).
+    fn ensure_listening(
         ruby: &Ruby,
         rb_self: &Self,
-        queue: String,
+        queue: Value,
     ) -> Result<Option<Symbol>, Error> {
+        let queue = options::queue_name(queue)?;
         let client = rb_self
             .client()
             .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
@@ -111,10 +135,13 @@ impl RbHubClient {
         })
     }
 
-    fn native_remove_listening(&self, queue: String) {
+    /// Fire-and-forget; never raises on a dead hub.
+    fn remove_listening(&self, queue: Value) -> Result<(), Error> {
+        let queue = options::queue_name(queue)?;
         if let Some(client) = self.client() {
             client.remove_listening(&queue);
         }
+        Ok(())
     }
 
     fn native_hub_healthy(&self) -> bool {
@@ -172,14 +199,21 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     hub.define_module_function("request_stats", magnus::function!(request_stats, 2))?;
     let class = hub.define_class("HubClient", ruby.class_object())?;
     class.define_alloc_func::<RbHubClient>();
-    class.define_private_method("native_connect", method!(RbHubClient::native_connect, 2))?;
-    class.define_private_method(
-        "native_ensure_listening",
-        method!(RbHubClient::native_ensure_listening, 1),
+    // Where pgbus's FailoverListener looks for it.
+    class.const_set(
+        "HubUnavailableError",
+        ruby.get_inner(&crate::errors::HUB_UNAVAILABLE),
     )?;
-    class.define_private_method(
-        "native_remove_listening",
-        method!(RbHubClient::native_remove_listening, 1),
+    class.define_method("initialize", method!(RbHubClient::initialize, -1))?;
+    class.define_method("socket_path", method!(RbHubClient::socket_path, 0))?;
+    class.define_method("connect", method!(RbHubClient::connect, 0))?;
+    class.define_method(
+        "ensure_listening",
+        method!(RbHubClient::ensure_listening, 1),
+    )?;
+    class.define_method(
+        "remove_listening",
+        method!(RbHubClient::remove_listening, 1),
     )?;
     class.define_method("hub_healthy?", method!(RbHubClient::native_hub_healthy, 0))?;
     class.define_method("dead?", method!(RbHubClient::native_dead, 0))?;

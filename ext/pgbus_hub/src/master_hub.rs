@@ -1,11 +1,12 @@
-//! `Pgbus::Hub::MasterHub`: the native hub. lib/pgbus/hub/master_hub.rb owns
-//! the keywords and defaults and calls the `native_*` methods below.
+//! `Pgbus::Hub::MasterHub`: the native hub, one PostgreSQL LISTEN connection
+//! fanned out to workers over a Unix socket. Its log thread is
+//! lib/pgbus/hub/native_object.rb's.
 
 use crate::errors::{hub_error, panicked};
 use crate::logs::LogPump;
 use crate::nogvl::nogvl_cancellable;
-use crate::options::{listener_config, required, seconds};
-use magnus::{method, prelude::*, Error, RArray, RHash, RModule, Ruby};
+use crate::options::{self, listener_config, required, seconds};
+use magnus::{method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
@@ -28,7 +29,22 @@ impl RbMasterHub {
         lock(&self.logs).clone()
     }
 
-    /// Binds and starts; raises Pgbus::Hub::Error with the reason.
+    fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
+        options::initialize(ruby, rb_self, "MasterHub", args)
+    }
+
+    fn socket_path(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Value, Error> {
+        options::option(ruby, rb_self, "socket_path")
+    }
+
+    /// Binds the socket, starts the native thread and the log thread;
+    /// raises Pgbus::Hub::Error with the reason.
+    fn start(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
+        Self::native_start(ruby, &rb_self, options::of(rb_self)?)?;
+        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub",))?;
+        Ok(rb_self)
+    }
+
     fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
         if rb_self.hub().as_ref().is_some_and(MasterHub::is_running) {
             return Err(hub_error(ruby, "master hub is already running"));
@@ -93,13 +109,15 @@ impl RbMasterHub {
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     let class = hub.define_class("MasterHub", ruby.class_object())?;
     class.define_alloc_func::<RbMasterHub>();
-    class.define_private_method("native_start", method!(RbMasterHub::native_start, 1))?;
+    class.define_method("initialize", method!(RbMasterHub::initialize, -1))?;
+    class.define_method("socket_path", method!(RbMasterHub::socket_path, 0))?;
+    class.define_method("start", method!(RbMasterHub::start, 0))?;
     class.define_private_method("native_stop", method!(RbMasterHub::native_stop, 0))?;
     class.define_private_method(
         "native_next_logs",
         method!(RbMasterHub::native_next_logs, 0),
     )?;
     class.define_method("running?", method!(RbMasterHub::native_running, 0))?;
-    class.define_private_method("native_stats", method!(RbMasterHub::native_stats, 0))?;
+    class.define_method("stats", method!(RbMasterHub::native_stats, 0))?;
     Ok(())
 }

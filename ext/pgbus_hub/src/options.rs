@@ -1,5 +1,6 @@
-//! Ruby option values -> core configuration. The Ruby glue (lib/) owns the
-//! keyword names and defaults; this only converts what it passes.
+//! Ruby option values -> core configuration: each constructor's keywords
+//! (resolved, checked, defaults filled from `Pgbus::Hub::DEFAULTS`), kept in
+//! the object's `@options`, and their conversion to the core's configs.
 
 use crate::errors::arg_error;
 use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
@@ -256,6 +257,44 @@ fn check_option(
         ));
     };
     check(ruby, &owner, &name, kind, value)
+}
+
+/// A native class's `initialize(**options)`: the resolved options in
+/// `@options` (frozen; GC-visible, so the Ruby threads' objects stay alive),
+/// the creating pid in `@owner_pid` (lib/pgbus/hub/native_object.rb).
+pub fn initialize(
+    ruby: &Ruby,
+    object: impl magnus::Object,
+    owner: &str,
+    args: &[Value],
+) -> Result<(), Error> {
+    let given = match args {
+        [] => ruby.hash_new(),
+        [hash] => RHash::try_convert(*hash)?,
+        _ => {
+            return Err(arg_error(
+                ruby,
+                format!("{owner}.new takes keyword options only"),
+            ))
+        }
+    };
+    object.ivar_set("@options", resolve(ruby, owner.to_string(), given)?)?;
+    object.ivar_set("@owner_pid", pgbus_hub_core::process::current_pid())
+}
+
+/// The options `initialize` resolved.
+pub fn of(object: impl magnus::Object) -> Result<RHash, Error> {
+    object.ivar_get("@options")
+}
+
+/// One of the options `initialize` resolved.
+pub fn option(ruby: &Ruby, object: impl magnus::Object, key: &str) -> Result<Value, Error> {
+    of(object)?.aref(ruby.to_symbol(key))
+}
+
+/// A queue name as pgbus passes it (String or Symbol), as text.
+pub fn queue_name(queue: Value) -> Result<String, Error> {
+    queue.funcall("to_s", ())
 }
 
 pub fn init(hub: magnus::RModule) -> Result<(), Error> {

@@ -14,10 +14,11 @@ module Pgbus
       thread
     end
 
-    # The Ruby side of the native classes (ext/pgbus_hub/src): keywords resolved
-    # and checked in Rust (Pgbus::Hub.options); the Ruby threads that carry
-    # what native code produced into Ruby (native threads never call Ruby;
-    # each waits in a native call without the GVL); a bounded stop, inert in a
+    # The Ruby side of the native classes (ext/pgbus_hub/src: MasterHub,
+    # HubClient, FailoverListener and its subclass Listener, each resolving
+    # its keywords into @options in Rust): the Ruby threads that carry what
+    # native code produced into Ruby (native threads never call Ruby; each
+    # waits in a native call without the GVL); a bounded stop, inert in a
     # forked child (the native side checks its owner pid too).
     module NativeObject
       def threads = [@pump, @log_thread].compact.select(&:alive?)
@@ -31,11 +32,7 @@ module Pgbus
 
       private
 
-      def resolve_options(owner, given)
-        @options = Hub.options(owner, given)
-        @owner_pid = ::Process.pid
-      end
-
+      # Called by the native start/connect once it succeeded.
       def start_threads(name)
         logger = @options[:logger]
         @log_thread = Hub.thread("#{name} log") { drain_logs(logger) } if logger
@@ -70,5 +67,7 @@ module Pgbus
         end
       end
     end
+
+    [MasterHub, HubClient, FailoverListener].each { |native| native.include(NativeObject) }
   end
 end
