@@ -263,10 +263,12 @@ impl Shared {
             return Listened::NotConfirmed; // stopped, or no local listener could be built
         };
         let timeout = listen_ack_timeout(self.listener.health_check);
+        let asked = Instant::now();
         match local.ensure_listening_or_cancel(queue, timeout, cancel) {
             Ok(()) => Listened::Done,
             Err(error) if error.is_invalid_name() => Listened::Refused(error.to_string()),
-            Err(ListenError::Timeout) if cancel.try_recv().is_err() => {
+            // A cancelled wait reports Timeout too: only a wait that ran its course is logged.
+            Err(ListenError::Timeout) if asked.elapsed() >= timeout => {
                 self.log.warn(format!(
                     "[pgbus-hub] LISTEN for {queue} not confirmed within {:?}s",
                     timeout.as_secs_f64()
