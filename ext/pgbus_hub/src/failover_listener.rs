@@ -9,8 +9,8 @@ use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options::{self, listener_config};
 use crate::pump::Outputs;
 use magnus::{
-    method, prelude::*, typed_data::Obj, value::Lazy, Error, RArray, RClass, RHash, RModule,
-    RString, Ruby, Symbol, Value,
+    method, prelude::*, typed_data::Obj, value::Lazy, Error, RClass, RHash, RModule, RString, Ruby,
+    Symbol, Value,
 };
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
 use pgbus_hub_core::log::LogSink;
@@ -158,14 +158,6 @@ impl RbFailoverListener {
         rb_self.outputs.close();
         stopped.ok_or_else(|| panicked(ruby, "FailoverListener#stop"))
     }
-
-    fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        rb_self.outputs.next_batch(ruby)
-    }
-
-    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        rb_self.outputs.next_logs(ruby)
-    }
 }
 
 /// `Pgbus::Hub::Listener`: the same, without a hub to try (the `:process`
@@ -195,13 +187,6 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
     class.define_private_method("native_stop", method!(RbFailoverListener::native_stop, 0))?;
-    class.define_private_method(
-        "native_next_batch",
-        method!(RbFailoverListener::native_next_batch, 0),
-    )?;
-    class.define_private_method(
-        "native_next_logs",
-        method!(RbFailoverListener::native_next_logs, 0),
-    )?;
+    crate::pump::define_output_methods!(class, RbFailoverListener);
     Ok(())
 }

@@ -7,8 +7,8 @@ use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options;
 use crate::pump::Outputs;
 use magnus::{
-    method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, RString, Ruby, Symbol,
-    TryConvert, Value,
+    method, prelude::*, typed_data::Obj, Error, RHash, RModule, RString, Ruby, Symbol, TryConvert,
+    Value,
 };
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::failover::RefusedNames;
@@ -164,14 +164,6 @@ impl RbHubClient {
         rb_self.outputs.close();
         stopped.ok_or_else(|| panicked(ruby, "HubClient#stop"))
     }
-
-    fn native_next_batch(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        rb_self.outputs.next_batch(ruby)
-    }
-
-    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
-        rb_self.outputs.next_logs(ruby)
-    }
 }
 
 /// `Pgbus::Hub.request_stats(socket_path, timeout)`: a running hub's
@@ -218,13 +210,6 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("hub_healthy?", method!(RbHubClient::native_hub_healthy, 0))?;
     class.define_method("dead?", method!(RbHubClient::native_dead, 0))?;
     class.define_private_method("native_stop", method!(RbHubClient::native_stop, 0))?;
-    class.define_private_method(
-        "native_next_batch",
-        method!(RbHubClient::native_next_batch, 0),
-    )?;
-    class.define_private_method(
-        "native_next_logs",
-        method!(RbHubClient::native_next_logs, 0),
-    )?;
+    crate::pump::define_output_methods!(class, RbHubClient);
     Ok(())
 }

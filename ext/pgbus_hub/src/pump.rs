@@ -1,5 +1,5 @@
 //! Hands wakes from native code to the Ruby pump thread (see
-//! lib/pgbus/hub/pump.rb): `next_batch` waits without the GVL on a
+//! lib/pgbus/hub/native_object.rb): `next_batch` waits without the GVL on a
 //! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
 //! interrupted by Thread#kill / stop through `WakeSource::interrupt`.
 
@@ -105,3 +105,27 @@ impl Outputs {
         current(&self.logs).map_or(Ok(None), |logs| logs.next(ruby))
     }
 }
+
+/// Defines, on `$class`, the two private methods the Ruby threads of a class
+/// holding [`Outputs`] in its `outputs` field call (lib/pgbus/hub/native_object.rb):
+/// `native_next_batch` (the pump) and `native_next_logs` (the log thread).
+/// A macro, not a generic function: magnus's `method!` wraps a concrete fn.
+macro_rules! define_output_methods {
+    ($class:expr, $ty:ty) => {{
+        fn next_batch(
+            ruby: &magnus::Ruby,
+            rb_self: &$ty,
+        ) -> Result<Option<magnus::RArray>, magnus::Error> {
+            rb_self.outputs.next_batch(ruby)
+        }
+        fn next_logs(
+            ruby: &magnus::Ruby,
+            rb_self: &$ty,
+        ) -> Result<Option<magnus::RArray>, magnus::Error> {
+            rb_self.outputs.next_logs(ruby)
+        }
+        $class.define_private_method("native_next_batch", magnus::method!(next_batch, 0))?;
+        $class.define_private_method("native_next_logs", magnus::method!(next_logs, 0))?;
+    }};
+}
+pub(crate) use define_output_methods;
