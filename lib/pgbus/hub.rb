@@ -15,8 +15,6 @@ rescue LoadError
                    "or run rake compile in a checkout"
 end
 require_relative "hub/native_object"
-require_relative "hub/wake_message"
-require_relative "hub/status"
 require_relative "hub/configuration"
 require_relative "hub/boot"
 require_relative "hub/puma_plugin"

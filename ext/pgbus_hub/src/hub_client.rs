@@ -6,12 +6,14 @@ use crate::errors::{panicked, unavailable};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options;
 use crate::pump::Outputs;
+use magnus::scan_args::{get_kwargs, scan_args};
 use magnus::{
-    method, prelude::*, typed_data::Obj, Error, RHash, RModule, RString, Ruby, Symbol, TryConvert,
-    Value,
+    method, prelude::*, typed_data::Obj, Error, ExceptionClass, RHash, RModule, RString, Ruby,
+    Symbol, TryConvert, Value,
 };
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::failover::RefusedNames;
+use pgbus_hub_core::hub::SOCKET_ENV;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::sync::{Arc, Mutex};
@@ -27,11 +29,13 @@ pub struct RbHubClient {
     outputs: Outputs,
 }
 
-fn client_error(ruby: &Ruby, error: ClientError) -> Error {
-    match error {
-        ClientError::Unavailable(message) => unavailable(ruby, message),
-        rejected @ ClientError::Rejected { .. } => unavailable(ruby, rejected.to_string()),
-        interrupted @ ClientError::Interrupted => unavailable(ruby, interrupted.to_string()),
+/// The error a failure raises: `unavailable_error:` (pgbus's own
+/// HubUnavailableError, the one its FailoverListener rescues), else ours.
+fn client_error(ruby: &Ruby, rb_self: Obj<RbHubClient>, error: ClientError) -> Error {
+    let given = options::option(ruby, rb_self, "unavailable_error").ok();
+    match given.and_then(ExceptionClass::from_value) {
+        Some(class) => Error::new(class, error.to_string()),
+        None => unavailable(ruby, error.to_string()),
     }
 }
 
@@ -52,7 +56,7 @@ impl RbHubClient {
     fn connect(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
         let socket_path = RString::try_convert(options::option(ruby, rb_self, "socket_path")?)?;
         let ack_timeout = f64::try_convert(options::option(ruby, rb_self, "ack_timeout")?)?;
-        Self::native_connect(ruby, &rb_self, socket_path, ack_timeout)?;
+        Self::native_connect(ruby, rb_self, socket_path, ack_timeout)?;
         let _: Value = rb_self.funcall("start_threads", ("pgbus-hub client",))?;
         Ok(rb_self)
     }
@@ -62,12 +66,13 @@ impl RbHubClient {
     /// leaving nothing open.
     fn native_connect(
         ruby: &Ruby,
-        rb_self: &Self,
+        rb_self: Obj<Self>,
         socket_path: RString,
         ack_timeout: f64,
     ) -> Result<(), Error> {
         if rb_self.client().is_some_and(|c| !c.is_dead()) {
-            return Err(unavailable(ruby, "HubClient#connect called twice"));
+            let twice = ClientError::Unavailable("HubClient#connect called twice".into());
+            return Err(client_error(ruby, rb_self, twice));
         }
         let ack_timeout = Duration::try_from_secs_f64(ack_timeout)
             .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
@@ -92,7 +97,12 @@ impl RbHubClient {
                     drop(records);
                     check_interrupts();
                 }
-                connected => break (connected.map_err(|e| client_error(ruby, e))?, records),
+                connected => {
+                    break (
+                        connected.map_err(|e| client_error(ruby, rb_self, e))?,
+                        records,
+                    )
+                }
             }
         };
         *lock(&rb_self.client) = Some(Arc::new(client));
@@ -106,13 +116,14 @@ impl RbHubClient {
     /// Raises HubUnavailableError (dead, died while waiting, ack timeout).
     fn ensure_listening(
         ruby: &Ruby,
-        rb_self: &Self,
+        rb_self: Obj<Self>,
         queue: Value,
     ) -> Result<Option<Symbol>, Error> {
         let queue = options::queue_name(queue)?;
+        let not_connected = || ClientError::Unavailable("HubClient is not connected".into());
         let client = rb_self
             .client()
-            .ok_or_else(|| unavailable(ruby, "HubClient is not connected"))?;
+            .ok_or_else(|| client_error(ruby, rb_self, not_connected()))?;
         // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
         let asked = queue.clone();
         let listening = nogvl_cancellable(move |cancelled| {
@@ -128,7 +139,9 @@ impl RbHubClient {
             }
             return Ok(None);
         }
-        let listening = listening.value.map_err(|e| client_error(ruby, e))?;
+        let listening = listening
+            .value
+            .map_err(|e| client_error(ruby, rb_self, e))?;
         Ok(match listening {
             Listening::Active => Some(ruby.to_symbol("done")),
             Listening::AfterReconnect | Listening::Interrupted => None,
@@ -166,11 +179,31 @@ impl RbHubClient {
     }
 }
 
-/// `Pgbus::Hub.request_stats(socket_path, timeout)`: a running hub's
-/// counters (Symbol keys), asked without the GVL; HubUnavailableError when
-/// nothing there answers, nil when Ruby interrupted the wait.
-fn request_stats(ruby: &Ruby, socket_path: String, timeout: f64) -> Result<Option<RHash>, Error> {
-    let timeout = Duration::try_from_secs_f64(timeout)
+/// How long `Pgbus::Hub.stats` waits for an answer by default: a hub
+/// answers at once unless wedged, and `pgbus-hub status` must not hang.
+const STATS_TIMEOUT_SECONDS: f64 = 2.0;
+
+/// `Pgbus::Hub.stats(socket_path: $PGBUS_STREAMS_HUB_SOCKET, timeout: 2.0)`:
+/// a running hub's counters (our {"t":"stats"} frame, Symbol keys), asked
+/// without the GVL. HubUnavailableError when nothing there answers stats
+/// (pgbus's Ruby hub does not); nil when Ruby interrupted the wait.
+fn stats(ruby: &Ruby, args: &[Value]) -> Result<Option<RHash>, Error> {
+    let args = scan_args::<(), (), (), (), RHash, ()>(args)?;
+    let keywords = get_kwargs::<_, (), (Option<Value>, Option<f64>), ()>(
+        args.keywords,
+        &[],
+        &["socket_path", "timeout"],
+    )?;
+    let (socket_path, timeout) = keywords.optional;
+    let socket_path = match socket_path.filter(|path| !path.is_nil()) {
+        Some(path) => path.funcall::<_, _, String>("to_s", ())?,
+        None => std::env::var(SOCKET_ENV).unwrap_or_default(),
+    };
+    if socket_path.is_empty() {
+        let hint = format!("no hub socket given (set {SOCKET_ENV} or pass socket_path:)");
+        return Err(unavailable(ruby, hint));
+    }
+    let timeout = Duration::try_from_secs_f64(timeout.unwrap_or(STATS_TIMEOUT_SECONDS))
         .map_err(|_| crate::errors::arg_error(ruby, "timeout must be a positive number"))?;
     let answer = nogvl_cancellable(move |cancelled| {
         pgbus_hub_core::client::request_stats(socket_path.as_ref(), timeout, cancelled)
@@ -188,7 +221,7 @@ fn request_stats(ruby: &Ruby, socket_path: String, timeout: f64) -> Result<Optio
 }
 
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
-    hub.define_module_function("request_stats", magnus::function!(request_stats, 2))?;
+    hub.define_module_function("stats", magnus::function!(stats, -1))?;
     let class = hub.define_class("HubClient", ruby.class_object())?;
     class.define_alloc_func::<RbHubClient>();
     // Where pgbus's FailoverListener looks for it.

@@ -37,6 +37,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     defaults::init(ruby, hub)?;
     options::init(hub)?;
     protocol::init(ruby, hub)?;
+    pump::init(ruby, hub)?;
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;
     failover_listener::init(ruby, hub)?;

@@ -85,9 +85,11 @@ enum Kind {
     Seconds,
     /// String.
     Text,
+    /// An exception class (default nil).
+    ErrorClass,
 }
 
-use Kind::{Count, Object, Queue, Required, RequiredText, Seconds, Text};
+use Kind::{Count, ErrorClass, Object, Queue, Required, RequiredText, Seconds, Text};
 
 const MASTER_HUB: &[(&str, Kind)] = &[
     ("connection", Required),
@@ -123,13 +125,14 @@ fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
             ("on_failure", Object),
             ("logger", Object),
             ("ack_timeout", Seconds),
+            ("unavailable_error", ErrorClass),
         ],
         "Listener" => LISTENER.to_vec(),
         "FailoverListener" => [LISTENER, &[("socket_path", RequiredText)]].concat(),
         "Pgbus::Hub.configure" => MASTER_HUB
             .iter()
             .filter_map(|&(key, kind)| match kind {
-                Required | Object => None,
+                Required | Object | ErrorClass => None,
                 RequiredText => Some((key, Text)),
                 kind => Some((key, kind)),
             })
@@ -160,6 +163,10 @@ fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Resul
     };
     match kind {
         Required | Object => Ok(value),
+        ErrorClass if value.is_nil() || magnus::ExceptionClass::from_value(value).is_some() => {
+            Ok(value)
+        }
+        ErrorClass => Err(refused("an exception class")),
         Queue if value.respond_to("<<", false)? => Ok(value),
         Queue => Err(arg_error(
             ruby,

@@ -50,14 +50,13 @@ module Pgbus
         end
       end
 
-      # [[queue, payload], ..., [:failed, reason]] batches: wakes into the
-      # dispatch queue; on_failure at most once, on this Ruby thread.
+      # Batches of wakes (built natively in pgbus's WakeMessage class, else
+      # ours) into the dispatch queue; :failed runs on_failure at most once, on this Ruby thread.
       def pump_wakes(logger)
-        wake = Wakes.factory(logger)
         on_failure = @options[:on_failure]
-        while (batch = native_next_batch)
-          batch.each do |queue, payload|
-            next @options[:dispatch_queue] << wake.call(queue, payload) unless queue == :failed
+        while (batch = native_next_batch(logger))
+          batch.each do |wake|
+            next @options[:dispatch_queue] << wake unless wake == :failed
 
             failure, on_failure = on_failure, nil
             failure&.call

@@ -52,7 +52,7 @@ module Pgbus
 
         def install_hub_era
           streamer = ::Pgbus::Web::Streamer
-          streamer::HubClient.singleton_class.prepend(PgbusHubClient::New)
+          streamer::HubClient.singleton_class.prepend(PgbusHubClient)
           streamer::MasterHub.singleton_class.prepend(PgbusMasterHub::New)
           Boot.on_teardown { streamer.reset! }
           :hub_era
@@ -121,27 +121,8 @@ module Pgbus
 
     # pgbus 0.13.1+'s HubClient.new: our native client, raising pgbus's own
     # HubUnavailableError (the one its FailoverListener rescues).
-    class PgbusHubClient < HubClient
-      module New
-        def new(**options) = PgbusHubClient.new(unavailable: self::HubUnavailableError, **options)
-      end
-
-      def initialize(unavailable:, **options)
-        @unavailable = unavailable
-        super(**options)
-      end
-
-      def connect
-        super
-      rescue HubUnavailableError => e
-        raise @unavailable, e.message
-      end
-
-      def ensure_listening(queue)
-        super
-      rescue HubUnavailableError => e
-        raise @unavailable, e.message
-      end
+    module PgbusHubClient
+      def new(**options) = HubClient.new(unavailable_error: self::HubUnavailableError, **options)
     end
 
     # pgbus 0.13.1+'s MasterHub.new (as its MasterHubBoot builds it): the shared native hub.
