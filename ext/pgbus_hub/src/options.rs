@@ -129,7 +129,7 @@ fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
         ],
         "Listener" => LISTENER.to_vec(),
         "FailoverListener" => [LISTENER, &[("socket_path", RequiredText)]].concat(),
-        "Pgbus::Hub.configure" => MASTER_HUB
+        CONFIGURE => MASTER_HUB
             .iter()
             .filter_map(|&(key, kind)| match kind {
                 Required | Object | ErrorClass => None,
@@ -266,6 +266,41 @@ fn check_option(
     check(ruby, &owner, &name, kind, value)
 }
 
+/// The owner named in `Pgbus::Hub.configure`'s errors.
+const CONFIGURE: &str = "Pgbus::Hub.configure";
+
+/// `Pgbus::Hub.check_setting(key, value)`: a `Pgbus::Hub.configure` setting
+/// checked as it is set (a typo fails the boot, not every worker's first
+/// subscription); returns the value to keep.
+fn check_setting(ruby: &Ruby, key: magnus::Symbol, value: Value) -> Result<Value, Error> {
+    match &*key.name()? {
+        "logger" => Ok(value),
+        "connection" | "socket_path" if value.is_nil() => Ok(value),
+        "connection" => connection(ruby, value).map(|_| value),
+        "listen_scope" => {
+            let scope = match (
+                magnus::Symbol::from_value(value),
+                RString::from_value(value),
+            ) {
+                (Some(symbol), _) => Some(symbol.name()?.into_owned()),
+                (None, Some(text)) => Some(text.to_string()?),
+                _ => None,
+            };
+            match scope.as_deref() {
+                Some(name @ ("master" | "process")) => Ok(ruby.to_symbol(name).as_value()),
+                _ => Err(arg_error(
+                    ruby,
+                    format!(
+                        "{CONFIGURE}: listen_scope must be :master or :process, got {}",
+                        value.inspect()
+                    ),
+                )),
+            }
+        }
+        _ => check_option(ruby, CONFIGURE.to_owned(), key, value),
+    }
+}
+
 /// A native class's `initialize(**options)`: the resolved options in
 /// `@options` (frozen; GC-visible, so the Ruby threads' objects stay alive),
 /// the creating pid in `@owner_pid` (lib/pgbus/hub/native_object.rb).
@@ -307,5 +342,6 @@ pub fn queue_name(queue: Value) -> Result<String, Error> {
 pub fn init(hub: magnus::RModule) -> Result<(), Error> {
     hub.define_module_function("options", magnus::function!(resolve, 2))?;
     hub.define_module_function("check_option", magnus::function!(check_option, 3))?;
+    hub.define_module_function("check_setting", magnus::function!(check_setting, 2))?;
     Ok(())
 }

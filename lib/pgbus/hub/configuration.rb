@@ -2,51 +2,24 @@
 
 module Pgbus
   module Hub
-    # Every hub setting, set in the app or in puma.rb:
+    # Every hub setting, set in the app or in puma.rb, each checked as it is
+    # set (Pgbus::Hub.check_setting: a typo fails the boot):
     #
     #   Pgbus::Hub.configure do |c|
     #     c.connection = ENV["DATABASE_URL"] # String or Hash; leave unset under pgbus (pgbus's is used)
     #     c.listen_scope = :master           # or :process (one connection per worker)
     #     c.durable_queue_limit = 512        # any key of Pgbus::Hub::DEFAULTS, and socket_path
     #   end
-    class Configuration
-      OWNER = "Pgbus::Hub.configure"
-      # Every hub default the core defines (ack_timeout is the workers', derived from health_check_ms).
-      TUNING = (Hub::DEFAULTS.keys - %i[ack_timeout]).freeze
+    # (ack_timeout is the workers', derived from health_check_ms.)
+    Configuration = Struct.new(:logger, :connection, :listen_scope, :socket_path,
+                               *(DEFAULTS.keys - %i[ack_timeout]), keyword_init: true) do
+      def initialize = super(listen_scope: :master, **DEFAULTS.except(:ack_timeout))
 
-      attr_accessor :logger
-      attr_reader :connection, :listen_scope, :socket_path, *TUNING
-
-      def initialize
-        @listen_scope = :master
-        TUNING.each { |key| instance_variable_set(:"@#{key}", Hub::DEFAULTS.fetch(key)) }
-      end
-
-      TUNING.each do |key|
-        define_method(:"#{key}=") { |value| instance_variable_set(:"@#{key}", Hub.check_option(OWNER, key, value)) }
-      end
-
-      # Checked at once: a typo fails the boot, not every worker's first subscription.
-      def connection=(value)
-        Hub.check_connection(value) unless value.nil?
-        @connection = value
-      end
-
-      def socket_path=(value)
-        @socket_path = value && Hub.check_option(OWNER, :socket_path, value)
-      end
-
-      def listen_scope=(scope)
-        @listen_scope = scope.is_a?(String) ? scope.to_sym : scope
-        return if %i[master process].include?(@listen_scope)
-
-        raise ArgumentError, "#{OWNER}: listen_scope must be :master or :process, got #{scope.inspect}"
-      end
+      members.each { |key| define_method(:"#{key}=") { |value| self[key] = Hub.check_setting(key, value) } }
 
       # What the master hub starts with (:scope and :source say whether and why).
       def master_options(**from_pgbus)
-        { scope: listen_scope, source: "standalone", connection: connection,
-          **TUNING.to_h { |key| [key, public_send(key)] }, **from_pgbus }
+        { scope: listen_scope, source: "standalone", **to_h.except(:logger, :listen_scope, :socket_path), **from_pgbus }
       end
     end
 
