@@ -41,6 +41,27 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(l.threads).to eq([])
   end
 
+  it "keeps delivering and logging when the app's dispatch queue or logger raises" do
+    queue = Queue.new
+    refusing = Object.new
+    refusing.define_singleton_method(:<<) { |wake| wake.payload == "refused" ? raise("queue full") : queue << wake }
+    lines = StringIO.new
+    logger = Logger.new(lines)
+    logger.define_singleton_method(:add) do |severity, message = nil, progname = nil|
+      "#{message}#{progname}".include?("x" * 70) ? raise("broken logger") : super(severity, message, progname)
+    end
+    l = listener(queue: refusing, logger: logger).start
+    expect(l.ensure_listening("x" * 70)).to be_nil # its ERROR line makes the logger raise
+    expect(l.ensure_listening("pgbus_raising")).to eq(:done)
+    TestDatabase.notify("pgbus_raising", "refused")
+    TestDatabase.notify("pgbus_raising", "accepted")
+    expect(pop(queue)).to have_attributes(payload: "accepted")
+    expect(l.ensure_listening("y" * 70)).to be_nil
+    Timeout.timeout(5) { sleep 0.02 until lines.string.include?("y" * 70) }
+    expect(lines.string).to include("wake delivery raised #<RuntimeError: queue full>")
+    expect(l.threads.size).to eq(2)
+  end
+
   it "opens one pgbus-listen connection, standalone channel names, quoting-safe" do
     queue = Queue.new
     before = TestDatabase.census

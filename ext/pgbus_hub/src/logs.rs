@@ -1,9 +1,9 @@
-//! Hands native log records to a Ruby thread: `next` blocks without the GVL
+//! Hands native log records to a Ruby thread: `drain` blocks without the GVL
 //! until records arrive, the source is closed, or Ruby interrupts it.
 
 use crate::nogvl::nogvl;
 use crossbeam_channel::{Receiver, Sender};
-use magnus::{Error, RArray, Ruby};
+use magnus::{prelude::*, Error, Ruby, Value};
 use pgbus_hub_core::log::{Level, Record};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -39,8 +39,9 @@ impl LogPump {
         let _ = self.wake_tx.try_send(());
     }
 
-    /// `[[severity, message], ...]` (severity as Ruby Logger's 0..3), or nil once closed and drained.
-    pub fn next(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
+    /// Waits (without the GVL) for records and adds them to `logger` (a
+    /// Ruby Logger) on this Ruby thread; false once closed and drained.
+    pub fn drain(&self, ruby: &Ruby, logger: Value) -> Result<bool, Error> {
         let batch = nogvl(
             || {
                 let mut batch = Vec::new();
@@ -60,18 +61,26 @@ impl LogPump {
         )
         .unwrap_or_default();
         if batch.is_empty() && self.closed.load(Ordering::SeqCst) {
-            return Ok(None);
+            return Ok(false);
         }
-        let array = ruby.ary_new();
         for record in batch {
+            // Ruby Logger's severities.
             let severity = match record.level {
                 Level::Debug => 0,
                 Level::Info => 1,
                 Level::Warn => 2,
                 Level::Error => 3,
             };
-            array.push((severity, record.message))?;
+            let added: Result<Value, Error> =
+                logger.funcall("add", (severity, record.message, "pgbus-hub"));
+            match added {
+                // A broken logger must not stop the drain.
+                Err(error) if !error.is_kind_of(ruby.exception_standard_error()) => {
+                    return Err(error)
+                }
+                _ => {}
+            }
         }
-        Ok(Some(array))
+        Ok(true)
     }
 }

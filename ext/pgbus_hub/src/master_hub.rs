@@ -6,7 +6,7 @@ use crate::errors::{hub_error, panicked};
 use crate::logs::LogPump;
 use crate::nogvl::nogvl_cancellable;
 use crate::options::{self, listener_config, required, seconds};
-use magnus::{method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
+use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
@@ -84,11 +84,12 @@ impl RbMasterHub {
         self.hub().as_ref().is_some_and(MasterHub::is_running)
     }
 
-    /// Blocks (without the GVL) for the next log records; nil once stopped and drained.
-    fn native_next_logs(ruby: &Ruby, rb_self: &Self) -> Result<Option<RArray>, Error> {
+    /// Blocks (without the GVL) for the next log records and adds them to
+    /// `logger`; false once stopped and drained.
+    fn native_drain_logs(ruby: &Ruby, rb_self: &Self, logger: Value) -> Result<bool, Error> {
         match rb_self.pump() {
-            Some(pump) => pump.next(ruby),
-            None => Ok(None),
+            Some(pump) => pump.drain(ruby, logger),
+            None => Ok(false),
         }
     }
 
@@ -114,8 +115,8 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("start", method!(RbMasterHub::start, 0))?;
     class.define_private_method("native_stop", method!(RbMasterHub::native_stop, 0))?;
     class.define_private_method(
-        "native_next_logs",
-        method!(RbMasterHub::native_next_logs, 0),
+        "native_drain_logs",
+        method!(RbMasterHub::native_drain_logs, 1),
     )?;
     class.define_method("running?", method!(RbMasterHub::native_running, 0))?;
     class.define_method("stats", method!(RbMasterHub::native_stats, 0))?;

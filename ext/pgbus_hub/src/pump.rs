@@ -29,22 +29,30 @@ static WAKE_MESSAGE: Lazy<RClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
-/// The class the running pgbus builds its wakes in, else ours.
-fn wake_class(ruby: &Ruby) -> Result<RClass, Error> {
+/// The class the running pgbus builds its wakes in, else ours; looked up at
+/// `owner`'s first delivery and kept in its `@wake_class` (GC-visible).
+fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<RClass, Error> {
+    if let Some(class) = owner.ivar_get::<_, Option<RClass>>("@wake_class")? {
+        return Ok(class);
+    }
     let pgbus: Option<RClass> = ruby.eval(
         "::Pgbus::Web::Streamer::Listener::WakeMessage if defined?(::Pgbus::Web::Streamer::Listener::WakeMessage)",
     )?;
-    Ok(pgbus.unwrap_or_else(|| ruby.get_inner(&WAKE_MESSAGE)))
+    let class = pgbus.unwrap_or_else(|| ruby.get_inner(&WAKE_MESSAGE));
+    owner.ivar_set("@wake_class", class)?;
+    Ok(class)
 }
 
-const PAYLOADLESS_WARNING: &str = "[pgbus-hub] this pgbus's WakeMessage has no payload: \
-                                   ephemeral payloads arrive as durable wakes";
+const PAYLOADLESS_WARNING: &str =
+    "[pgbus-hub] this pgbus's WakeMessage has no payload: ephemeral payloads arrive as durable wakes";
 
 pub struct Pump {
     source: Arc<dyn WakeSource>,
     closed: AtomicBool,
     /// Set once a payload was dropped for a pgbus whose WakeMessage has none.
     warned_payloadless: AtomicBool,
+    /// Set once the failure was handed to `on_failure`.
+    failed: AtomicBool,
 }
 
 impl Pump {
@@ -53,6 +61,7 @@ impl Pump {
             source,
             closed: AtomicBool::new(false),
             warned_payloadless: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -62,49 +71,89 @@ impl Pump {
         self.source.interrupt();
     }
 
-    /// `[wake, ..., :failed]` or nil when closed. A pgbus whose WakeMessage
-    /// has no payload gets an ephemeral payload as a durable wake (its stream
-    /// re-reads), with one warning to `logger`.
-    pub fn next_batch(&self, ruby: &Ruby, logger: Value) -> Result<Option<RArray>, Error> {
+    /// Waits (without the GVL) for the next batch and delivers it on this
+    /// Ruby thread: each wake `<<` into `owner`'s `dispatch_queue` option,
+    /// built in the class pgbus expects; the failure to its `on_failure`, at
+    /// most once. A pgbus whose WakeMessage has no payload gets an ephemeral
+    /// payload as a durable wake (its stream re-reads), with one warning.
+    /// False once closed.
+    pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
         let batch = nogvl(
             || self.source.next_batch(BATCH, POLL),
             || self.source.interrupt(),
         )
         .ok_or_else(|| panicked(ruby, "the wake pump"))?;
         if batch.items.is_empty() && (batch.closed || self.closed.load(Ordering::SeqCst)) {
-            return Ok(None);
+            return Ok(false);
         }
-        let class = wake_class(ruby)?;
+        let options = crate::options::of(owner)?;
+        let option = |key: &str| options.aref::<_, Value>(ruby.to_symbol(key));
+        let (logger, queue) = (option("logger")?, option("dispatch_queue")?);
+        let class = wake_class(ruby, owner)?;
         let members: RArray = class.funcall("members", ())?;
         let with_payload = members.includes(ruby.to_symbol("payload"));
-        let array = ruby.ary_new_capa(batch.items.len());
         for item in batch.items {
-            let Delivery::Wake(wake) = item else {
-                array.push(ruby.to_symbol("failed"))?;
-                continue;
-            };
-            // One copy each, into the Ruby Strings.
-            let queue = ruby.str_new(&wake.queue);
-            let built: Value = if with_payload {
-                let payload = wake.payload.as_deref().map(|p| ruby.str_new(p));
-                class.funcall(
-                    "new",
-                    (kwargs!("queue_name" => queue, "payload" => payload),),
-                )?
-            } else {
-                if wake.payload.is_some()
-                    && !logger.is_nil()
-                    && !self.warned_payloadless.swap(true, Ordering::SeqCst)
-                {
-                    // A broken logger must not stop the pump.
-                    let _: Result<Value, Error> = logger.funcall("warn", (PAYLOADLESS_WARNING,));
+            let delivered = match item {
+                Delivery::Wake(wake) => {
+                    // One copy each, into the Ruby Strings.
+                    let queue_name = ruby.str_new(&wake.queue);
+                    let payload = wake.payload.as_deref().map(|p| ruby.str_new(p));
+                    let built = if with_payload {
+                        class.funcall(
+                            "new",
+                            (kwargs!("queue_name" => queue_name, "payload" => payload),),
+                        )
+                    } else {
+                        if payload.is_some()
+                            && !self.warned_payloadless.swap(true, Ordering::SeqCst)
+                        {
+                            log(logger, "warn", PAYLOADLESS_WARNING);
+                        }
+                        class.funcall("new", (kwargs!("queue_name" => queue_name),))
+                    };
+                    built.and_then(|wake: Value| queue.funcall::<_, _, Value>("<<", (wake,)))
                 }
-                class.funcall("new", (kwargs!("queue_name" => queue),))?
+                Delivery::Failed { .. } if !self.failed.swap(true, Ordering::SeqCst) => {
+                    let on_failure = option("on_failure")?;
+                    if on_failure.is_nil() {
+                        continue;
+                    }
+                    on_failure.funcall("call", ())
+                }
+                Delivery::Failed { .. } => continue,
             };
-            array.push(built)?;
+            if let Err(error) = delivered {
+                survive(ruby, logger, "wake delivery", error)?;
+            }
         }
-        Ok(Some(array))
+        Ok(true)
     }
+}
+
+/// `logger.public_send(severity, message)` unless nil; a broken logger must
+/// not stop the thread that logs.
+pub fn log(logger: Value, severity: &str, message: impl AsRef<str>) {
+    if !logger.is_nil() {
+        let _: Result<Value, Error> = logger.funcall(severity, (message.as_ref(),));
+    }
+}
+
+/// A StandardError raised by an app's object (dispatch queue, callback) is
+/// logged and the Ruby thread goes on; anything else (Thread#kill, a
+/// non-StandardError Exception) propagates.
+fn survive(ruby: &Ruby, logger: Value, what: &str, error: Error) -> Result<(), Error> {
+    if !error.is_kind_of(ruby.exception_standard_error()) {
+        return Err(error);
+    }
+    let raised = error
+        .value()
+        .map_or_else(|| error.to_string(), |e| e.inspect());
+    log(
+        logger,
+        "error",
+        format!("[pgbus-hub] {what} raised {raised}"),
+    );
+    Ok(())
 }
 
 /// The two streams a native source (HubClient, Listener) hands to its Ruby
@@ -142,36 +191,37 @@ impl Outputs {
         }
     }
 
-    pub fn next_batch(&self, ruby: &Ruby, logger: Value) -> Result<Option<RArray>, Error> {
-        current(&self.pump).map_or(Ok(None), |pump| pump.next_batch(ruby, logger))
+    pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
+        current(&self.pump).map_or(Ok(false), |pump| pump.deliver(ruby, owner))
     }
 
-    pub fn next_logs(&self, ruby: &Ruby) -> Result<Option<RArray>, Error> {
-        current(&self.logs).map_or(Ok(None), |logs| logs.next(ruby))
+    pub fn drain_logs(&self, ruby: &Ruby, logger: Value) -> Result<bool, Error> {
+        current(&self.logs).map_or(Ok(false), |logs| logs.drain(ruby, logger))
     }
 }
 
 /// Defines, on `$class`, the two private methods the Ruby threads of a class
-/// holding [`Outputs`] in its `outputs` field call (lib/pgbus/hub/native_object.rb):
-/// `native_next_batch(logger)` (the pump) and `native_next_logs` (the log thread).
+/// holding [`Outputs`] in its `outputs` field loop on (lib/pgbus/hub/native_object.rb):
+/// `native_deliver` (the pump) and `native_drain_logs(logger)` (the log thread),
+/// each false once its stream is closed.
 /// A macro, not a generic function: magnus's `method!` wraps a concrete fn.
 macro_rules! define_output_methods {
     ($class:expr, $ty:ty) => {{
-        fn next_batch(
+        fn deliver(
+            ruby: &magnus::Ruby,
+            rb_self: magnus::typed_data::Obj<$ty>,
+        ) -> Result<bool, magnus::Error> {
+            rb_self.outputs.deliver(ruby, rb_self)
+        }
+        fn drain_logs(
             ruby: &magnus::Ruby,
             rb_self: &$ty,
             logger: magnus::Value,
-        ) -> Result<Option<magnus::RArray>, magnus::Error> {
-            rb_self.outputs.next_batch(ruby, logger)
+        ) -> Result<bool, magnus::Error> {
+            rb_self.outputs.drain_logs(ruby, logger)
         }
-        fn next_logs(
-            ruby: &magnus::Ruby,
-            rb_self: &$ty,
-        ) -> Result<Option<magnus::RArray>, magnus::Error> {
-            rb_self.outputs.next_logs(ruby)
-        }
-        $class.define_private_method("native_next_batch", magnus::method!(next_batch, 1))?;
-        $class.define_private_method("native_next_logs", magnus::method!(next_logs, 0))?;
+        $class.define_private_method("native_deliver", magnus::method!(deliver, 0))?;
+        $class.define_private_method("native_drain_logs", magnus::method!(drain_logs, 1))?;
     }};
 }
 pub(crate) use define_output_methods;
