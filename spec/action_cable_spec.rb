@@ -172,7 +172,7 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => File.join(ROOT, "lib") },
                    [RbConfig.ruby, script], &:read)
     report = JSON.parse(out)
-    threads = ["pgbus-hub cable", "pgbus-hub listener log", "pgbus-hub listener pump"]
+    threads = ["pgbus-hub listener log", "pgbus-hub listener pump"]
     # subscribed (success callback), then an inline and a 20 KB broadcast received, in the parent and in the child
     expect(report).to include("parent" => [true, true], "child" => [true, true], "parent_threads" => threads,
                               "inherited" => [], "child_threads" => threads)

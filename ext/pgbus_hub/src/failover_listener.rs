@@ -117,6 +117,27 @@ impl RbFailoverListener {
         Ok(())
     }
 
+    /// `listen(queue)`: subscribes without waiting and returns a ticket;
+    /// `on_listening` is called with the queue and that ticket on the pump
+    /// thread once its LISTEN is active (a LISTEN not confirmed is asked
+    /// again while subscribed). In order with `unlisten`.
+    fn listen(ruby: &Ruby, rb_self: &Self, queue: Value) -> Result<u64, Error> {
+        let queue = options::queue_name(queue)?;
+        let listener = rb_self
+            .listener()
+            .ok_or_else(|| hub_error(ruby, "listen before start (or after stop)"))?;
+        Ok(listener.listen_async(&queue))
+    }
+
+    /// `unlisten(queue)`: unsubscribes, in order with `listen`.
+    fn unlisten(&self, queue: Value) -> Result<(), Error> {
+        let queue = options::queue_name(queue)?;
+        if let Some(listener) = self.listener() {
+            listener.unlisten_async(&queue);
+        }
+        Ok(())
+    }
+
     /// `Listener#connected?`: its connection is up.
     fn connected(&self) -> bool {
         self.listener()
@@ -182,6 +203,8 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
         "remove_listening",
         method!(RbFailoverListener::remove_listening, 1),
     )?;
+    class.define_method("listen", method!(RbFailoverListener::listen, 1))?;
+    class.define_method("unlisten", method!(RbFailoverListener::unlisten, 1))?;
     let listener = hub.define_class("Listener", class)?;
     listener.define_method("connected?", method!(RbFailoverListener::connected, 0))?;
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;

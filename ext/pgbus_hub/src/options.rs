@@ -109,6 +109,7 @@ const LISTENER: &[(&str, Kind)] = &[
     ("connection", Required),
     ("dispatch_queue", Queue),
     ("logger", Object),
+    ("on_listening", Object),
     ("health_check_ms", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),

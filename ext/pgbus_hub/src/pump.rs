@@ -74,7 +74,7 @@ impl Pump {
     /// Waits (without the GVL) for the next batch and delivers it on this
     /// Ruby thread: each wake `<<` into `owner`'s `dispatch_queue` option,
     /// built in the class pgbus expects; the failure to its `on_failure`, at
-    /// most once. A pgbus whose WakeMessage has no payload gets an ephemeral
+    /// most once; a `listen_async` confirmation to its `on_listening` (queue, ticket). A pgbus whose WakeMessage has no payload gets an ephemeral
     /// payload as a durable wake (its stream re-reads), with one warning.
     /// False once closed.
     pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
@@ -121,6 +121,13 @@ impl Pump {
                     on_failure.funcall("call", ())
                 }
                 Delivery::Failed { .. } => continue,
+                Delivery::Listening { queue, ticket } => {
+                    let on_listening = option("on_listening")?;
+                    if on_listening.is_nil() {
+                        continue;
+                    }
+                    on_listening.funcall("call", (queue, ticket))
+                }
             };
             if let Err(error) = delivered {
                 survive(ruby, logger, "wake delivery", error)?;

@@ -20,6 +20,9 @@ pub enum Delivery {
     Wake(Wake),
     /// The source died (hub gone, evicted, protocol error, ...). Sent at most once.
     Failed { reason: String },
+    /// A LISTEN asked without waiting ([`crate::failover::FailoverListener::listen_async`],
+    /// which returned `ticket`) is active.
+    Listening { queue: String, ticket: u64 },
 }
 
 #[derive(Clone, Debug)]

@@ -15,6 +15,12 @@
 //! in charge it is listening; with the database down, the engine keeps them
 //! and runs them when it connects.
 //!
+//! `listen_async` / `unlisten_async` are the same subscriptions without a
+//! wait, for callers that must not block (ActionCable's subscriber map): one
+//! thread runs them in order, asks again every [`LISTEN_RETRY`] for a LISTEN
+//! not confirmed while it is still wanted, and reports each confirmation as
+//! [`Delivery::Listening`] among the wakes.
+//!
 //! One outcome for every input, whichever side serves: [`Listened::Done`],
 //! or [`Listened::NotConfirmed`] (timed out, the database down, interrupted;
 //! the subscription is kept), or [`Listened::Refused`] for a name no LISTEN
@@ -31,11 +37,19 @@ use crate::listener::{
 use crate::log::LogSink;
 use crate::process::Owner;
 use crate::sync::lock;
-use crossbeam_channel::Receiver;
-use std::collections::HashSet;
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// How long `listen_async` waits before asking again for a LISTEN that was
+/// not confirmed (the database down, the listener reconnecting): a
+/// subscription confirms within a second of the database's return, and an
+/// outage costs one attempt per channel per second.
+pub const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// What `ensure_listening` came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,8 +100,28 @@ struct State {
     stopped: bool,
 }
 
+/// What the `listen_async` thread is asked, in order.
+enum Command {
+    Listen(String, u64),
+    Unlisten(String),
+}
+
+/// The thread behind `listen_async`; dropping `stop` ends it.
+struct AsyncListens {
+    commands: Sender<Command>,
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
 struct Shared {
     state: Mutex<State>,
+    /// Started by the first `listen_async`; taken by `stop`.
+    async_listens: Mutex<Option<AsyncListens>>,
+    /// The next `listen_async` ticket.
+    tickets: AtomicU64,
+    /// The hub client's reader while the hub serves (the pump reads it;
+    /// `listen_async` wakes it to pass on a confirmation).
+    hub_reader: Mutex<Option<Arc<DrivenReader>>>,
     /// One fail-over at a time (the replay runs outside `state`'s lock).
     failing_over: Mutex<()>,
     listener: ListenerConfig,
@@ -104,9 +138,9 @@ pub struct FailoverListener {
 
 /// The wakes of a [`FailoverListener`], for the embedder's pump thread: the
 /// hub client's [`DrivenReader`] until it fails (which triggers the
-/// fail-over), then the local listener's channel.
+/// fail-over), then the local listener's channel (which also carries
+/// `listen_async`'s confirmations from the start).
 pub struct FailoverWakes {
-    hub: Mutex<Option<Arc<DrivenReader>>>,
     local: DeliveryReceiver,
     shared: Arc<Shared>,
 }
@@ -148,6 +182,9 @@ impl FailoverListener {
                 failed_over: false,
                 stopped: false,
             }),
+            async_listens: Mutex::new(None),
+            tickets: AtomicU64::new(1),
+            hub_reader: Mutex::new(reader.clone()),
             failing_over: Mutex::new(()),
             listener: config.listener,
             local_wakes,
@@ -164,7 +201,6 @@ impl FailoverListener {
             }
         }
         let wakes = FailoverWakes {
-            hub: Mutex::new(reader),
             local,
             shared: Arc::clone(&shared),
         };
@@ -222,6 +258,103 @@ impl FailoverListener {
         }
     }
 
+    /// Subscribes to `queue` without waiting (see the module doc) and
+    /// returns this request's ticket: once its LISTEN is active,
+    /// [`Delivery::Listening`] with that ticket follows on the wakes (the
+    /// ticket tells it from an earlier request's of the same queue); a
+    /// refused name gets none (logged once). In order with `unlisten_async`.
+    pub fn listen_async(&self, queue: &str) -> u64 {
+        let ticket = self.shared.tickets.fetch_add(1, Ordering::Relaxed);
+        self.ask(Command::Listen(queue.to_owned(), ticket));
+        ticket
+    }
+
+    /// Unsubscribes, in order with `listen_async` (a pending retry ends).
+    pub fn unlisten_async(&self, queue: &str) {
+        self.ask(Command::Unlisten(queue.to_owned()));
+    }
+
+    fn ask(&self, command: Command) {
+        if !self.shared.owner.is_current() || lock(&self.shared.state).stopped {
+            return; // a forked child's, or a stopped listener's: nothing runs it
+        }
+        let mut async_listens = lock(&self.shared.async_listens);
+        let running = async_listens.get_or_insert_with(|| {
+            let (commands, received) = crossbeam_channel::unbounded();
+            let (stop, stopped) = crossbeam_channel::bounded(0);
+            let listener = Self {
+                shared: Arc::clone(&self.shared),
+            };
+            let thread = std::thread::Builder::new()
+                .name("pgbus-hub async listens".into())
+                .spawn(move || listener.run_async_listens(&received, &stopped))
+                .expect("spawning the async listens thread");
+            AsyncListens {
+                commands,
+                stop,
+                thread,
+            }
+        });
+        let _ = running.commands.send(command);
+    }
+
+    /// The `listen_async` thread: commands in order; a LISTEN not confirmed
+    /// is asked again after [`LISTEN_RETRY`] while still subscribed (logged
+    /// once per queue).
+    fn run_async_listens(&self, commands: &Receiver<Command>, stop: &Receiver<()>) {
+        let mut retries: VecDeque<(Instant, String, u64)> = VecDeque::new();
+        let mut retrying: HashSet<String> = HashSet::new();
+        loop {
+            let wait = retries.front().map_or(Duration::MAX, |(at, ..)| {
+                at.saturating_duration_since(Instant::now())
+            });
+            let (queue, ticket) = crossbeam_channel::select! {
+                recv(stop) -> _ => return,
+                recv(commands) -> command => match command {
+                    Ok(Command::Listen(queue, ticket)) => (queue, ticket),
+                    Ok(Command::Unlisten(queue)) => {
+                        self.remove_listening(&queue);
+                        continue;
+                    }
+                    Err(_) => return,
+                },
+                default(wait) => match retries.pop_front() {
+                    Some((_, queue, ticket)) if lock(&self.shared.state).subscriptions.contains(&queue) => {
+                        (queue, ticket)
+                    }
+                    Some((_, queue, _)) => {
+                        retrying.remove(&queue);
+                        continue;
+                    }
+                    None => continue,
+                },
+            };
+            match self.ensure_listening_or_cancel(&queue, stop) {
+                Listened::Done => {
+                    retrying.remove(&queue);
+                    let _ = self
+                        .shared
+                        .local_wakes
+                        .send(Delivery::Listening { queue, ticket });
+                    if let Some(reader) = lock(&self.shared.hub_reader).clone() {
+                        reader.interrupt(); // the pump waits on the hub's socket
+                    }
+                }
+                Listened::NotConfirmed if lock(&self.shared.state).stopped => return,
+                Listened::NotConfirmed => {
+                    if retrying.insert(queue.clone()) {
+                        self.shared.log.warn(format!(
+                            "[pgbus-hub] LISTEN {queue:?} not confirmed: asking again every {}s while subscribed",
+                            LISTEN_RETRY.as_secs_f64()
+                        ));
+                    }
+                    retries.push_back((Instant::now() + LISTEN_RETRY, queue, ticket));
+                }
+                Listened::Refused(_) => {} // logged by ensure_listening
+            }
+        }
+    }
+
     /// True once the hub's failure (or absence at start) handed over to the
     /// local listener; false without a hub to try.
     pub fn failed_over(&self) -> bool {
@@ -245,10 +378,17 @@ impl FailoverListener {
             state.stopped = true;
             std::mem::replace(&mut state.serving, Serving::Nobody)
         };
+        let async_listens = lock(&self.shared.async_listens).take();
         match serving {
             Serving::Hub(client) => client.stop_or_cancel(cancel),
             Serving::Local(local) => local.stop_or_cancel(cancel),
             Serving::Nobody => {}
+        }
+        if let Some(AsyncListens { stop, thread, .. }) = async_listens {
+            drop(stop); // ends its wait, and a LISTEN wait in progress
+            if self.shared.owner.is_current() {
+                let _ = thread.join();
+            }
         }
     }
 
@@ -365,7 +505,7 @@ impl Shared {
 
 impl WakeSource for FailoverWakes {
     fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
-        let hub = lock(&self.hub).clone();
+        let hub = lock(&self.shared.hub_reader).clone();
         let Some(hub) = hub else {
             return self.local.next_batch(max, timeout);
         };
@@ -375,17 +515,20 @@ impl WakeSource for FailoverWakes {
             .iter()
             .any(|item| matches!(item, Delivery::Failed { .. }));
         if failed || batch.closed {
-            batch.items.retain(|item| matches!(item, Delivery::Wake(_)));
+            batch
+                .items
+                .retain(|item| !matches!(item, Delivery::Failed { .. }));
             batch.closed = false; // the local listener's wakes follow
-            *lock(&self.hub) = None;
+            *lock(&self.shared.hub_reader) = None;
             self.shared.fail_over();
         }
+        self.local.take_ready(&mut batch, max); // listen_async's confirmations
         batch
     }
 
     /// Both sides: the pump may be switching from one to the other.
     fn interrupt(&self) {
-        if let Some(hub) = lock(&self.hub).clone() {
+        if let Some(hub) = lock(&self.shared.hub_reader).clone() {
             hub.interrupt();
         }
         self.local.interrupt();

@@ -254,3 +254,95 @@ fn after_stop_nothing_is_confirmed_and_no_fallback_is_built() {
     assert!(!listener.failed_over());
     fx.wait_for_census(0);
 }
+
+impl Pump {
+    fn expect_listening(&self, queue: &str, ticket: u64) {
+        match self.wakes.recv_timeout(Duration::from_secs(5)) {
+            Ok(Delivery::Listening {
+                queue: q,
+                ticket: t,
+            }) => assert_eq!((&*q, t), (queue, ticket)),
+            other => panic!("expected {queue} listening, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn listen_async_confirms_each_request_by_its_ticket_in_order_on_either_side() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let (a, b, c) = (fx.queue("a"), fx.queue("b"), fx.queue("c"));
+    let mut hub = fx.hub();
+    for served_by_hub in [true, false] {
+        let (listener, pump) = fx.failover(served_by_hub.then_some(&hub), LogSink::silent());
+        let (ticket_a, ticket_b) = (listener.listen_async(&a), listener.listen_async(&b));
+        assert_ne!(ticket_a, ticket_b);
+        pump.expect_listening(&a, ticket_a);
+        pump.expect_listening(&b, ticket_b);
+        fx.notify(&a, "after-confirmation");
+        pump.expect_wake(&a, "after-confirmation");
+        // Unsubscribed before its LISTEN was confirmed, then subscribed
+        // again: the later confirmation carries the later ticket.
+        let first_c = listener.listen_async(&c);
+        listener.unlisten_async(&c);
+        let second_c = listener.listen_async(&c);
+        let confirmed: Vec<u64> = (0..2)
+            .map(|_| match pump.wakes.recv_timeout(Duration::from_secs(5)) {
+                Ok(Delivery::Listening { ticket, .. }) => ticket,
+                other => panic!("expected c listening, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(confirmed, vec![first_c, second_c]);
+        listener.unlisten_async(&a);
+        let again_b = listener.listen_async(&b); // in order: a's UNLISTEN ran before this confirms
+        pump.expect_listening(&b, again_b);
+        fx.notify(&a, "unsubscribed");
+        fx.notify(&c, "subscribed");
+        pump.expect_wake(&c, "subscribed");
+        assert!(pump.wakes.recv_timeout(Duration::from_millis(300)).is_err());
+        listener.stop();
+        fx.wait_for_census(1); // the hub's: the listener's own connection closed with it
+    }
+    hub.stop();
+    fx.wait_for_census(0);
+}
+
+#[test]
+fn listen_async_asks_again_while_not_confirmed_and_stop_ends_it() {
+    let Some(fx) = Fixture::new() else { return };
+    let queue = fx.queue("q");
+    // A port nothing listens on: every LISTEN stays unconfirmed.
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = unreachable.local_addr().unwrap().port();
+    drop(unreachable);
+    let (log, records) = LogSink::channel();
+    let mut config = fx.listener(log);
+    config.connection = ConnectionOptions::parse(&format!(
+        "host=127.0.0.1 port={port} dbname=nowhere connect_timeout=1"
+    ))
+    .unwrap();
+    let (listener, wakes) = FailoverListener::start_or_cancel(
+        FailoverConfig {
+            socket_path: None,
+            listener: config,
+        },
+        &crossbeam_channel::never(),
+    )
+    .unwrap();
+    let pump = Pump::start(wakes);
+    listener.listen_async(&queue);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while logged(&records, "not confirmed: asking again every 1s") == 0 {
+        assert!(Instant::now() < deadline, "no retry warning");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3)); // later attempts: not warned again
+    assert_eq!(logged(&records, "not confirmed: asking again"), 0);
+    assert!(pump.wakes.try_recv().is_err());
+    let stopping = Instant::now();
+    listener.stop();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "stop waited {:?}",
+        stopping.elapsed()
+    );
+}

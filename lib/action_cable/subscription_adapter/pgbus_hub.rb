@@ -88,18 +88,18 @@ module ActionCable
       def subscriptions
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
-          @subscriptions ||= Subscriptions.new(listener_factory, @server.event_loop, logger)
+          @subscriptions ||= Subscriptions.new(listener_factory, @server.event_loop)
         end
       end
 
-      # Builds, in the subscriptions' thread, a FailoverListener over the
-      # hub when one LISTENs on our database, else this process's own Listener.
+      # Builds a FailoverListener over the hub when one LISTENs on our
+      # database, else this process's own Listener.
       def listener_factory
         connection = self.class.connection(@server.config.cable)
         options = { connection: connection, health_check_ms: settings["health_check_ms"] }.compact
-        lambda do |wakes|
+        lambda do |wakes, on_listening|
           scope = hub_database?(connection) ? settings["listen_scope"] || :master : :process
-          Pgbus::Hub.worker_listener({ scope: scope, **options }, dispatch_queue: wakes, logger: logger)
+          Pgbus::Hub.worker_listener({ scope: scope, **options }, dispatch_queue: wakes, on_listening: on_listening, logger: logger)
         end
       end
 
