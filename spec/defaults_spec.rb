@@ -50,4 +50,13 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
   ensure
     Pgbus::Hub.instance_variable_set(:@configuration, nil)
   end
+
+  it "takes an ActiveRecord configuration's url, else its libpq keywords by their libpq names" do
+    config = { adapter: "postgresql", database: "app", username: "u", host: "h", port: 5433, pool: 5,
+               encoding: "unicode", password: nil, variables: { statement_timeout: 1 } }
+    expect(Pgbus::Hub.active_record_connection(config))
+      .to eq({ dbname: "app", user: "u", host: "h", port: "5433", variables: { statement_timeout: 1 } })
+    expect(Pgbus::Hub.check_connection(Pgbus::Hub.active_record_connection(config))).to include("dbname=app", "port=5433")
+    expect(Pgbus::Hub.active_record_connection({ url: "postgres://x/y", database: "z" })).to eq("postgres://x/y")
+  end
 end

@@ -51,6 +51,51 @@ pub fn connection(ruby: &Ruby, value: Value) -> Result<ConnectionOptions, Error>
     parsed.map_err(|e| arg_error(ruby, format!("invalid connection: {e}")))
 }
 
+/// The libpq keywords an ActiveRecord configuration passes on to the hub,
+/// by their libpq names (README, "Connection"); adapter-only keys (pool,
+/// encoding, ...) are left out.
+const ACTIVE_RECORD_LIBPQ_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "connect_timeout",
+    "options",
+    "variables",
+];
+
+/// `Pgbus::Hub.active_record_connection(configuration_hash)`: the connection
+/// for an ActiveRecord database configuration: its `url`, else its libpq
+/// keywords (ActiveRecord's `database` and `username` as `dbname` and `user`).
+fn active_record_connection(ruby: &Ruby, config: RHash) -> Result<Value, Error> {
+    if let Some(url) = config
+        .get(ruby.to_symbol("url"))
+        .filter(|url| !url.is_nil())
+    {
+        return Ok(url);
+    }
+    let libpq = ruby.hash_new();
+    config.foreach(|key: Value, value: Value| {
+        let key: String = key.funcall("to_s", ())?;
+        let key = match key.as_str() {
+            "database" => "dbname",
+            "username" => "user",
+            key => key,
+        };
+        if ACTIVE_RECORD_LIBPQ_KEYS.contains(&key) && !value.is_nil() {
+            let value = match key {
+                "variables" => value,
+                _ => value.funcall::<_, _, RString>("to_s", ())?.as_value(),
+            };
+            libpq.aset(ruby.to_symbol(key), value)?;
+        }
+        Ok(ForEach::Continue)
+    })?;
+    Ok(libpq.as_value())
+}
+
 pub fn listener_config(ruby: &Ruby, options: RHash, log: LogSink) -> Result<ListenerConfig, Error> {
     let health_check_ms: u64 = required(ruby, options, "health_check_ms")?;
     Ok(ListenerConfig {
@@ -302,6 +347,41 @@ fn check_setting(ruby: &Ruby, key: magnus::Symbol, value: Value) -> Result<Value
     }
 }
 
+/// pgbus 0.13.1's hint after a refused `streams_listen_scope`.
+const PGBUS_SCOPE_HINT: &str =
+    "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)";
+
+/// `Pgbus::Hub.check_pgbus_listen_scope(scope, error_class)`: pgbus 0.13.1's
+/// `streams_listen_scope=` check, its exact messages raised as `error_class`
+/// (pgbus's ConfigurationError), for a pgbus without the setting.
+fn check_pgbus_listen_scope(
+    ruby: &Ruby,
+    scope: Value,
+    error_class: magnus::ExceptionClass,
+) -> Result<magnus::Symbol, Error> {
+    let name = match (
+        magnus::Symbol::from_value(scope),
+        RString::from_value(scope),
+    ) {
+        (Some(symbol), _) => symbol.name()?.into_owned(),
+        (None, Some(text)) => text.to_string()?,
+        _ => {
+            let class = scope.class().inspect();
+            let message = format!("Invalid streams_listen_scope type: {class}. {PGBUS_SCOPE_HINT}");
+            return Err(Error::new(error_class, message));
+        }
+    };
+    let symbol = ruby.to_symbol(&name);
+    if matches!(&*name, "master" | "process") {
+        return Ok(symbol);
+    }
+    let message = format!(
+        "Invalid streams_listen_scope: {}. {PGBUS_SCOPE_HINT}",
+        symbol.inspect()
+    );
+    Err(Error::new(error_class, message))
+}
+
 /// A native class's `initialize(**options)`: the resolved options in
 /// `@options` (frozen; GC-visible, so the Ruby threads' objects stay alive),
 /// the creating pid in `@owner_pid` (lib/pgbus/hub/native_object.rb).
@@ -344,5 +424,13 @@ pub fn init(hub: magnus::RModule) -> Result<(), Error> {
     hub.define_module_function("options", magnus::function!(resolve, 2))?;
     hub.define_module_function("check_option", magnus::function!(check_option, 3))?;
     hub.define_module_function("check_setting", magnus::function!(check_setting, 2))?;
+    hub.define_module_function(
+        "active_record_connection",
+        magnus::function!(active_record_connection, 1),
+    )?;
+    hub.define_module_function(
+        "check_pgbus_listen_scope",
+        magnus::function!(check_pgbus_listen_scope, 2),
+    )?;
     Ok(())
 }

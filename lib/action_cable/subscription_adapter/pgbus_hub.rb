@@ -11,7 +11,6 @@ module ActionCable
     # connection), but every Puma worker of a host LISTENs through the master
     # hub's one connection; without a hub (single mode, hub down, evicted) the
     # process LISTENs on its own connection, as Rails' adapter does.
-    # Broadcasts PostgreSQL's NOTIFY cannot carry go through a table.
     #
     # Keys: channel_prefix (as Rails'), url (a libpq URL for LISTEN and
     # broadcasts; default ActiveRecord's connection), listen_scope
@@ -19,25 +18,13 @@ module ActionCable
     class PgbusHub < Base
       prepend ChannelPrefix
 
-      # ActiveRecord's names for the libpq keywords the hub takes (README, "Connection").
-      LIBPQ_NAMES = { database: :dbname, username: :user }.freeze
-      LIBPQ_KEYS = %i[host port dbname user password sslmode connect_timeout options variables].freeze
-
       class << self
         # cable.yml's settings, string keys (Rails hands an indifferent Hash; a test or app may not).
         def settings(cable) = cable.to_h.transform_keys(&:to_s)
 
         # What LISTENs: cable.yml's url, else ActiveRecord's primary database.
         def connection(cable)
-          url = settings(cable)["url"]
-          return url if url
-
-          config = ::ActiveRecord::Base.connection_db_config.configuration_hash
-          return config[:url] if config[:url]
-
-          config.to_h { |key, value| [LIBPQ_NAMES.fetch(key, key), value] }
-                .select { |key, value| LIBPQ_KEYS.include?(key) && !value.nil? }
-                .to_h { |key, value| [key, key == :variables ? value : value.to_s] }
+          settings(cable)["url"] || Pgbus::Hub.active_record_connection(::ActiveRecord::Base.connection_db_config.configuration_hash)
         end
 
         # The master hub's options for an app whose cable.yml selects this adapter.
@@ -55,9 +42,14 @@ module ActionCable
         @settings = self.class.settings(@server.config.cable) # fixed for the server's life; read per broadcast
       end
 
+      # Rails' NOTIFY. A payload NOTIFY cannot carry is stored in pgbus_hub_large_payloads (created by
+      # the first one in this process; rows past the retention removed by the insert) and its id notified.
       def broadcast(channel, payload)
         with_broadcast_connection do |pg|
-          payload = large_payload_reference(pg, payload) if payload.bytesize >= Pgbus::Hub::NOTIFY_PAYLOAD_LIMIT
+          if payload.bytesize >= Pgbus::Hub::NOTIFY_PAYLOAD_LIMIT
+            @large_payload_table ||= pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL) && true
+            payload = "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{pg.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)}"
+          end
           pg.exec("NOTIFY #{pg.escape_identifier(channel_identifier(channel))}, '#{pg.escape_string(payload)}'")
         end
       end
@@ -131,14 +123,6 @@ module ActionCable
           @broadcast_connection ||= PG.connect(url).tap { |pg| pg.exec("SET client_min_messages TO warning") }
           block.call(@broadcast_connection)
         end
-      end
-
-      # Stores the payload (pgbus_hub_large_payloads, created by the first use
-      # in this process; rows past the retention removed in the same statement)
-      # and returns the mark + id the listeners replace with it.
-      def large_payload_reference(pg, payload)
-        @large_payload_table ||= pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL) && true
-        "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{pg.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)}"
       end
     end
   end

@@ -8,8 +8,6 @@ module Pgbus
     # Instance, FailoverListener and MasterHubBoot do the rest. Older pgbus:
     # the streams_listen_scope setting, and Listener.new hands out our FailoverListener.
     module PgbusAdapter
-      SCOPE_HINT = "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)"
-
       class << self
         attr_reader :shape
 
@@ -29,26 +27,21 @@ module Pgbus
         def master_options(config = (::Pgbus.configuration if shape))
           return nil unless config.respond_to?(:streams_enabled) && config.streams_enabled
 
-          connection = config.streams_connection_options
-          unless connection.is_a?(String) || connection.is_a?(Hash) # pgbus's streamer refuses these too
-            raise Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a libpq " \
-                         "String (URL or keywords) or a Hash (set streams_database_url or database_url)"
-          end
+          connection = config.streams_connection_options # pgbus's streamer refuses other kinds too
+          raise Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a libpq String " \
+                       "(URL or keywords) or a Hash (set streams_database_url or database_url)" unless [String, Hash].any? { connection.is_a?(_1) }
 
           listener = ::Pgbus::Web::Streamer::Listener
-          Hub.configuration.master_options(scope: scope_of(config), source: "pgbus", connection: connection,
-                                           health_check_ms: health_check_ms(config),
-                                           channel_prefix: listener::CHANNEL_PREFIX, channel_suffix: listener::CHANNEL_SUFFIX)
+          health_check_ms = config.streams_listen_health_check_ms # pgbus's Listener ignores an invalid one too
+          Hub.configuration.master_options(
+            scope: config.respond_to?(:streams_listen_scope) ? config.streams_listen_scope : :master,
+            source: "pgbus", connection: connection,
+            health_check_ms: health_check_ms.is_a?(Integer) && health_check_ms.positive? ? health_check_ms : DEFAULTS[:health_check_ms],
+            channel_prefix: listener::CHANNEL_PREFIX, channel_suffix: listener::CHANNEL_SUFFIX
+          )
         end
 
         private
-
-        def scope_of(config) = config.respond_to?(:streams_listen_scope) ? config.streams_listen_scope : :master
-
-        def health_check_ms(config)
-          value = config.streams_listen_health_check_ms
-          value.is_a?(Integer) && value.positive? ? value : Hub::DEFAULTS[:health_check_ms]
-        end
 
         def install_hub_era
           streamer = ::Pgbus::Web::Streamer
@@ -95,13 +88,7 @@ module Pgbus
         def streams_listen_scope = @streams_listen_scope || :master
 
         def streams_listen_scope=(scope)
-          error = defined?(::Pgbus::ConfigurationError) ? ::Pgbus::ConfigurationError : ArgumentError
-          raise error, "Invalid streams_listen_scope type: #{scope.class}. #{SCOPE_HINT}" unless
-            scope.is_a?(Symbol) || scope.is_a?(String)
-          raise error, "Invalid streams_listen_scope: #{scope.to_sym.inspect}. #{SCOPE_HINT}" unless
-            %i[master process].include?(scope.to_sym)
-
-          @streams_listen_scope = scope.to_sym
+          @streams_listen_scope = Hub.check_pgbus_listen_scope(scope, ::Pgbus::ConfigurationError)
         end
       end
 
@@ -125,37 +112,29 @@ module Pgbus
       def new(**options) = HubClient.new(unavailable_error: self::HubUnavailableError, **options)
     end
 
-    # pgbus 0.13.1+'s MasterHub.new (as its MasterHubBoot builds it): the shared native hub.
-    class PgbusMasterHub
-      module New
-        def new(socket_path:, config: ::Pgbus.configuration, logger: nil, **tuning)
-          PgbusMasterHub.new(socket_path, config, logger || ::Pgbus.logger,
-                             tuning.slice(:status_interval, :durable_queue_limit, :hard_queue_limit))
-        end
-      end
-
-      attr_reader :socket_path, :native_hub
-
-      def initialize(socket_path, config, logger, tuning)
-        @socket_path, @config, @logger, @tuning = socket_path, config, logger, tuning
-      end
-
+    # pgbus 0.13.1+'s MasterHub (as its MasterHubBoot builds and starts it): the shared native hub.
+    PgbusMasterHub = Struct.new(:socket_path, :config, :logger, :tuning, :native_hub) do
       def start
-        options = PgbusAdapter.master_options(@config) or raise Error, "pgbus streams configuration is not ready"
-        @native_hub = SharedHub.start(socket_path: @socket_path, logger: @logger, **options, **@tuning)
+        options = PgbusAdapter.master_options(config) or raise Error, "pgbus streams configuration is not ready"
+        self.native_hub = SharedHub.start(socket_path: socket_path, logger: logger, **options, **tuning)
         self
       end
 
-      def stop
-        SharedHub.stop(@native_hub) if @native_hub
-        self
-      end
+      def stop = tap { SharedHub.stop(native_hub) if native_hub }
 
-      def stats = @native_hub&.stats || {}
+      def stats = native_hub&.stats || {}
 
       def dropped_durable_wakes = stats.fetch(:dropped_durable_wakes, 0)
 
       def evicted_workers = stats.fetch(:evicted_workers, 0)
+    end
+
+    # pgbus 0.13.1+'s MasterHub.new.
+    module PgbusMasterHub::New
+      def new(socket_path:, config: ::Pgbus.configuration, logger: nil, **tuning)
+        PgbusMasterHub.new(socket_path, config, logger || ::Pgbus.logger,
+                           tuning.slice(:status_interval, :durable_queue_limit, :hard_queue_limit))
+      end
     end
   end
 end
