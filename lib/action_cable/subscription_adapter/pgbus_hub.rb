@@ -80,34 +80,28 @@ module ActionCable
       def subscriptions
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
-          @subscriptions ||= Subscriptions.new(listener_factory, @server.event_loop)
+          @subscriptions ||= Subscriptions.new(@server.event_loop) do |wakes, on_listening|
+            Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening, logger: logger)
+          end
         end
       end
 
-      # Builds a FailoverListener over the hub when one LISTENs on our
-      # database, else this process's own Listener.
-      def listener_factory
-        connection = self.class.connection(@server.config.cable)
-        options = { connection: connection, health_check_ms: settings["health_check_ms"] }.compact
-        lambda do |wakes, on_listening|
-          scope = hub_database?(connection) ? settings["listen_scope"] || :master : :process
-          Pgbus::Hub.worker_listener({ scope: scope, **options }, dispatch_queue: wakes, on_listening: on_listening, logger: logger)
-        end
-      end
-
-      # The hub was started from pgbus's or Pgbus::Hub.configure's connection:
-      # it serves ActionCable only when that is our database.
-      def hub_database?(connection)
+      # cable.yml's, with the :process scope when the master hub (started from
+      # pgbus's or Pgbus::Hub.configure's connection) LISTENs on another database.
+      def listen_options
+        options = self.class.master_options(@server.config.cable)
         hub = Pgbus::Hub.master_options
-        return true if hub.nil? || hub[:source] == "actioncable"
-        return true if Pgbus::Hub.database_of(hub[:connection]) == Pgbus::Hub.database_of(connection)
+        return options if hub.nil? || hub[:source] == "actioncable" ||
+                          Pgbus::Hub.database_of(hub[:connection]) == Pgbus::Hub.database_of(options[:connection])
 
         logger&.info("[pgbus-hub] the master hub LISTENs on another database than ActionCable's: " \
                      "this process LISTENs for ActionCable on its own connection")
-        false
+        options.merge(scope: :process)
       rescue StandardError => e
+        raise unless options
+
         logger&.warn("[pgbus-hub] cannot tell the master hub's database (#{e.class}: #{e.message}): not using it")
-        false
+        options.merge(scope: :process)
       end
 
       # Rails' broadcast connection (ActiveRecord's, so a broadcast inside a

@@ -13,26 +13,20 @@ module Pgbus
         attr_reader :current
 
         # The running hub (started unless one runs). Raises what MasterHub#start raises.
-        def start(logger: nil, **options)
+        def start(**options)
           @lock.synchronize do
             return @current if @current&.running?
 
-            @current = MasterHub.new(logger: logger, **options.except(:scope, :source)).start
             owner = ::Process.pid
             at_exit { SharedHub.stop if ::Process.pid == owner } unless @at_exit # no teardown hook fired
             @at_exit = true
-            @current
+            @current = MasterHub.new(**options.except(:scope, :source)).start
           end
         end
 
         # Stops +hub+ (default: the current one) if it is still the current one.
-        def stop(hub = nil)
-          target = @lock.synchronize do
-            next nil unless @current && (hub.nil? || hub.equal?(@current))
-
-            @current.tap { @current = nil }
-          end
-          target&.stop
+        def stop(hub = @current)
+          @lock.synchronize { @current.tap { @current = nil } if hub&.equal?(@current) }&.stop
         end
       end
     end

@@ -12,13 +12,14 @@ module ActionCable
       class Subscriptions < SubscriberMap
         KEY_PREFIX = Pgbus::Hub.channel_key("")
 
-        def initialize(listener_factory, event_loop)
+        # The block builds the listener for a dispatch queue and an on_listening callback.
+        def initialize(event_loop, &build_listener)
           super()
           @event_loop = event_loop
           @owner_pid = ::Process.pid
           @confirming = {} # channel => [listen ticket, success callback]
           @confirming_lock = Mutex.new
-          @listener = listener_factory.call(self, method(:listening))
+          @listener = build_listener.call(self, method(:listening))
         end
 
         def owned? = @owner_pid == ::Process.pid
