@@ -8,11 +8,13 @@ use crate::errors::{hub_error, panicked};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options::{self, listener_config};
 use crate::pump::Outputs;
+use magnus::scan_args::scan_args;
 use magnus::{
-    method, prelude::*, typed_data::Obj, value::Lazy, Error, RClass, RHash, RModule, RString, Ruby,
-    Symbol, Value,
+    method, prelude::*, typed_data::Obj, value::Lazy, Error, KwArgs, RClass, RHash, RModule,
+    RString, Ruby, Symbol, Value,
 };
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
+use pgbus_hub_core::hub::SOCKET_ENV;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,7 +192,59 @@ static LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
+/// `Pgbus::Hub.hub_served?(options)`: a worker of the hub `options` describe
+/// (`master_options`' shape) is served by the master's hub: the `:master`
+/// scope, and the master exported its socket.
+fn hub_served(ruby: &Ruby, options: RHash) -> Result<bool, Error> {
+    let scope: Option<Value> = options.get(ruby.to_symbol("scope"));
+    let master = match scope {
+        Some(scope) => scope.funcall::<_, _, String>("to_s", ())? == "master",
+        None => false,
+    };
+    Ok(master && std::env::var(SOCKET_ENV).is_ok_and(|path| !path.is_empty()))
+}
+
+/// `Pgbus::Hub.worker_listener(options, **worker)`: a started listener for
+/// a worker of the hub `options` describe, with the `worker` keywords
+/// (dispatch_queue, logger, ...): a FailoverListener over the master's hub
+/// when it serves, else a Listener of its own.
+fn worker_listener(ruby: &Ruby, args: &[Value]) -> Result<Value, Error> {
+    let args = scan_args::<(RHash,), (), (), (), RHash, ()>(args)?;
+    let (options,) = args.required;
+    let listener = ruby.hash_new();
+    for key in [
+        "connection",
+        "health_check_ms",
+        "channel_prefix",
+        "channel_suffix",
+    ] {
+        if let Some(value) = options.get(ruby.to_symbol(key)) {
+            listener.aset(ruby.to_symbol(key), value)?;
+        }
+    }
+    listener.update(args.keywords)?;
+    let class: RClass = if hub_served(ruby, options)? {
+        let socket_path = std::env::var(SOCKET_ENV).unwrap_or_default();
+        listener.aset(ruby.to_symbol("socket_path"), socket_path)?;
+        ruby.get_inner(&FAILOVER_LISTENER)
+    } else {
+        ruby.get_inner(&LISTENER)
+    };
+    let built: Value = class.funcall("new", (KwArgs(listener),))?;
+    built.funcall("start", ())
+}
+
+/// `Pgbus::Hub::FailoverListener`.
+static FAILOVER_LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
+    ruby.define_module("Pgbus")
+        .and_then(|m| m.define_module("Hub"))
+        .and_then(|m| m.const_get("FailoverListener"))
+        .expect("defined in init")
+});
+
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    hub.define_module_function("hub_served?", magnus::function!(hub_served, 1))?;
+    hub.define_module_function("worker_listener", magnus::function!(worker_listener, -1))?;
     let class = hub.define_class("FailoverListener", ruby.class_object())?;
     class.define_alloc_func::<RbFailoverListener>();
     class.define_method("initialize", method!(RbFailoverListener::initialize, -1))?;

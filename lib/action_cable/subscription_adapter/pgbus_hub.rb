@@ -6,15 +6,10 @@ require "pgbus/hub"
 
 module ActionCable
   module SubscriptionAdapter
-    # `adapter: pgbus_hub` in config/cable.yml: Rails' postgresql adapter on
-    # the wire (same channel identifiers, same NOTIFY through ActiveRecord's
-    # connection), but every Puma worker of a host LISTENs through the master
-    # hub's one connection; without a hub (single mode, hub down, evicted) the
-    # process LISTENs on its own connection, as Rails' adapter does.
-    #
-    # Keys: channel_prefix (as Rails'), url (a libpq URL for LISTEN and
-    # broadcasts; default ActiveRecord's connection), listen_scope
-    # (master/process), health_check_ms.
+    # `adapter: pgbus_hub` in config/cable.yml (README, "Quick start for ActionCable"): Rails'
+    # postgresql adapter on the wire, but every Puma worker of a host LISTENs
+    # through the master hub's one connection; without a hub, on its own.
+    # Keys: channel_prefix, url, listen_scope, health_check_ms.
     class PgbusHub < Base
       prepend ChannelPrefix
 

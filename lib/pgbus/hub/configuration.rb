@@ -2,15 +2,10 @@
 
 module Pgbus
   module Hub
-    # Every hub setting, set in the app or in puma.rb, each checked as it is
-    # set (Pgbus::Hub.check_setting: a typo fails the boot):
-    #
-    #   Pgbus::Hub.configure do |c|
-    #     c.connection = ENV["DATABASE_URL"] # String or Hash; leave unset under pgbus (pgbus's is used)
-    #     c.listen_scope = :master           # or :process (one connection per worker)
-    #     c.durable_queue_limit = 512        # any key of Pgbus::Hub::DEFAULTS, and socket_path
-    #   end
-    # (ack_timeout is the workers', derived from health_check_ms.)
+    # Pgbus::Hub.configure's settings (README, "Configuration"): connection
+    # (unset under pgbus: pgbus's is used), listen_scope, socket_path and every
+    # key of DEFAULTS but the workers' ack_timeout (derived from health_check_ms),
+    # each checked as it is set (Pgbus::Hub.check_setting): a typo fails the boot.
     Configuration = Struct.new(:logger, :connection, :listen_scope, :socket_path,
                                *(DEFAULTS.keys - %i[ack_timeout]), keyword_init: true) do
       def initialize = super(listen_scope: :master, **DEFAULTS.except(:ack_timeout))
@@ -56,18 +51,6 @@ module Pgbus
         raise Error, "Pgbus::Hub.listener: call Pgbus::Hub.configure with a connection first" unless configured?
 
         worker_listener(master_options, dispatch_queue: dispatch_queue, logger: logger)
-      end
-
-      # True when a worker of the hub `options` describe (master_options' shape) is served by the master's hub.
-      def hub_served?(options) = options[:scope].to_s == "master" && !ENV.fetch(DEFAULT_SOCKET_ENV, "").empty?
-
-      # A started worker listener for `options`: a FailoverListener over the
-      # master's hub when it serves, else a Listener of its own.
-      def worker_listener(options, **worker)
-        listener = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix).merge(worker)
-        return Listener.new(**listener).start unless hub_served?(options)
-
-        FailoverListener.new(socket_path: ENV.fetch(DEFAULT_SOCKET_ENV), **listener).start
       end
     end
   end
