@@ -13,28 +13,22 @@ module ActionCable
     class PgbusHub < Base
       prepend ChannelPrefix
 
-      class << self
-        # cable.yml's settings, string keys (Rails hands an indifferent Hash; a test or app may not).
-        def settings(cable) = cable.to_h.transform_keys(&:to_s)
-
-        # What LISTENs: cable.yml's url, else ActiveRecord's primary database.
-        def connection(cable)
-          settings(cable)["url"] || Pgbus::Hub.active_record_connection(::ActiveRecord::Base.connection_db_config.configuration_hash)
-        end
-
-        # The master hub's options for an app whose cable.yml selects this adapter.
-        def master_options(cable)
-          settings = settings(cable)
-          tuning = settings.slice("health_check_ms").transform_keys(&:to_sym)
-          Pgbus::Hub.configuration.master_options(scope: (settings["listen_scope"] || :master).to_sym,
-                                                  source: "actioncable", connection: connection(cable), **tuning)
-        end
+      # The hub options cable.yml describes (master_options' shape): its url, else
+      # ActiveRecord's primary database. String keys: Rails hands an indifferent Hash, a test or app may not.
+      def self.master_options(cable)
+        settings = cable.to_h.transform_keys(&:to_s)
+        connection = settings["url"] ||
+                     Pgbus::Hub.active_record_connection(::ActiveRecord::Base.connection_db_config.configuration_hash)
+        Pgbus::Hub.configuration.master_options(
+          scope: (settings["listen_scope"] || :master).to_sym, source: "actioncable", connection: connection,
+          **settings.slice("health_check_ms").transform_keys(&:to_sym)
+        )
       end
 
       def initialize(*)
         super
         @lock = Mutex.new
-        @settings = self.class.settings(@server.config.cable) # fixed for the server's life; read per broadcast
+        @url = @server.config.cable.to_h.transform_keys(&:to_s)["url"] # fixed for the server's life; read per broadcast
       end
 
       # Rails' NOTIFY. A payload NOTIFY cannot carry is stored in pgbus_hub_large_payloads (created by
@@ -43,7 +37,8 @@ module ActionCable
         with_broadcast_connection do |pg|
           if payload.bytesize >= Pgbus::Hub::NOTIFY_PAYLOAD_LIMIT
             @large_payload_table ||= pg.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL) && true
-            payload = "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{pg.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)}"
+            id = pg.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)
+            payload = "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{id}"
           end
           pg.exec("NOTIFY #{pg.escape_identifier(channel_identifier(channel))}, '#{pg.escape_string(payload)}'")
         end
@@ -65,8 +60,6 @@ module ActionCable
 
       private
 
-      attr_reader :settings
-
       # Rails' identifier: PostgreSQL truncates channel names at 63 bytes.
       def channel_identifier(channel) = channel.size > 63 ? OpenSSL::Digest::SHA1.hexdigest(channel) : channel
 
@@ -76,7 +69,8 @@ module ActionCable
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
           @subscriptions ||= Subscriptions.new(@server.event_loop) do |wakes, on_listening|
-            Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening, logger: logger)
+            Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening,
+                                                       logger: logger)
           end
         end
       end
@@ -102,14 +96,13 @@ module ActionCable
       # Rails' broadcast connection (ActiveRecord's, so a broadcast inside a
       # transaction is sent at its commit), or one of our own for cable.yml's url.
       def with_broadcast_connection(&block)
-        url = settings["url"]
-        return ::ActiveRecord::Base.connection_pool.with_connection { |ar| block.call(ar.raw_connection) } unless url
+        return ::ActiveRecord::Base.connection_pool.with_connection { |ar| block.call(ar.raw_connection) } unless @url
 
         @lock.synchronize do
           @broadcast_connection = nil if @broadcast_pid != ::Process.pid || @broadcast_connection&.finished?
           @broadcast_pid = ::Process.pid
           # ActiveRecord's level: IF NOT EXISTS notices stay out of the log.
-          @broadcast_connection ||= PG.connect(url).tap { |pg| pg.exec("SET client_min_messages TO warning") }
+          @broadcast_connection ||= PG.connect(@url).tap { |pg| pg.exec("SET client_min_messages TO warning") }
           block.call(@broadcast_connection)
         end
       end

@@ -42,7 +42,6 @@ module Pgbus
         attr_reader :logger
 
         def default_socket_path(pid = ::Process.pid) = File.join(Dir.tmpdir, Hub.socket_name(pid))
-
         def armed? = @armed_pid == ::Process.pid
 
         def arm(logger:)

@@ -20,11 +20,7 @@ module Pgbus
 
     class << self
       def configuration = (@configuration ||= Configuration.new)
-
-      def configure
-        yield configuration
-        configuration
-      end
+      def configure = configuration.tap { |config| yield config }
 
       # A connection was configured here (else pgbus's is used, if pgbus is loaded).
       def configured? = !@configuration&.connection.nil?

@@ -27,16 +27,18 @@ module Pgbus
         def master_options(config = (::Pgbus.configuration if shape))
           return nil unless config.respond_to?(:streams_enabled) && config.streams_enabled
 
-          connection = config.streams_connection_options # pgbus's streamer refuses other kinds too
-          raise Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a libpq String " \
-                       "(URL or keywords) or a Hash (set streams_database_url or database_url)" unless [String, Hash].any? { connection.is_a?(_1) }
+          connection = config.streams_connection_options
+          unless connection.is_a?(String) || connection.is_a?(Hash) # pgbus's streamer refuses these too
+            raise Error, "pgbus's streams_connection_options is a #{connection.class}; the hub needs a libpq " \
+                         "String (URL or keywords) or a Hash (set streams_database_url or database_url)"
+          end
 
           listener = ::Pgbus::Web::Streamer::Listener
           health_check_ms = config.streams_listen_health_check_ms # pgbus's Listener ignores an invalid one too
+          health_check_ms = DEFAULTS[:health_check_ms] unless health_check_ms.is_a?(Integer) && health_check_ms > 0
           Hub.configuration.master_options(
             scope: config.respond_to?(:streams_listen_scope) ? config.streams_listen_scope : :master,
-            source: "pgbus", connection: connection,
-            health_check_ms: health_check_ms.is_a?(Integer) && health_check_ms.positive? ? health_check_ms : DEFAULTS[:health_check_ms],
+            source: "pgbus", connection: connection, health_check_ms: health_check_ms,
             channel_prefix: listener::CHANNEL_PREFIX, channel_suffix: listener::CHANNEL_SUFFIX
           )
         end
@@ -121,11 +123,8 @@ module Pgbus
       end
 
       def stop = tap { SharedHub.stop(native_hub) if native_hub }
-
       def stats = native_hub&.stats || {}
-
       def dropped_durable_wakes = stats.fetch(:dropped_durable_wakes, 0)
-
       def evicted_workers = stats.fetch(:evicted_workers, 0)
     end
 

@@ -23,7 +23,6 @@ module ActionCable
         end
 
         def owned? = @owner_pid == ::Process.pid
-
         def shutdown = @listener.stop
 
         def add_channel(channel, on_success)
@@ -43,16 +42,16 @@ module ActionCable
         end
 
         # The listener's dispatch queue: a NOTIFY of a channel.
-        def <<(wake)
-          broadcast(wake.queue_name.delete_prefix(KEY_PREFIX), wake.payload)
-        end
+        def <<(wake) = broadcast(wake.queue_name.delete_prefix(KEY_PREFIX), wake.payload)
 
         private
 
         # The listener's on_listening (its pump thread): a listen is active.
         def listening(key, ticket)
           channel = key.delete_prefix(KEY_PREFIX)
-          confirmed = @confirming_lock.synchronize { @confirming.delete(channel) if @confirming[channel]&.first == ticket }
+          confirmed = @confirming_lock.synchronize do
+            @confirming.delete(channel) if @confirming[channel]&.first == ticket
+          end
           @event_loop.post(&confirmed.last) if confirmed
         end
       end
