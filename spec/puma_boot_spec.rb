@@ -220,9 +220,10 @@ RSpec.describe "pgbus-hub Puma plugin files" do
     writer = Struct.new(:lines) { def log(msg) = lines << msg }.new(lines)
     modern = Struct.new(:log_writer, :events).new(writer, nil)
     legacy = Struct.new(:events).new(writer)
-    Pgbus::Hub::PumaLog.new(modern).info("a")
-    Pgbus::Hub::PumaLog.new(legacy).warn("b")
-    Pgbus::Hub::PumaLog.new(legacy).debug("c")
-    expect(lines).to eq(["INFO a", "WARN b"])
+    Pgbus::Hub::PumaLog.logger(modern).info("a")
+    Pgbus::Hub::PumaLog.logger(legacy).warn("b")
+    Pgbus::Hub::PumaLog.logger(legacy).debug("c")
+    Pgbus::Hub::PumaLog.logger(legacy).add(Logger::ERROR, "d", "pgbus-hub") # as the native log threads add
+    expect(lines).to eq(["INFO a", "WARN b", "ERROR d"])
   end
 end

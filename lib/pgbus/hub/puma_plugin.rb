@@ -4,20 +4,16 @@ require "logger"
 
 module Pgbus
   module Hub
-    # Logger-compatible writer over Puma's log (5.6: launcher.events; 6+: launcher.log_writer).
-    class PumaLog < ::Logger
-      def initialize(launcher)
-        super(nil, level: ::Logger::INFO)
-        @writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
+    # A Logger device writing to Puma's log (5.6: launcher.events; 6+: launcher.log_writer, which applies the
+    # app's log_formatter): "SEVERITY message" lines.
+    PumaLog = Struct.new(:writer) do
+      def self.logger(launcher)
+        device = new(launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events)
+        ::Logger.new(device, level: :info, formatter: ->(severity, _time, _name, message) { "#{severity} #{message}" })
       end
 
-      def add(severity, message = nil, progname = nil)
-        return true if (severity ||= UNKNOWN) < level
-
-        message = yield if message.nil? && block_given?
-        @writer.log("#{format_severity(severity)} #{message || progname}")
-        true
-      end
+      def write(line) = writer.log(line)
+      def close = nil
     end
 
     # The one place that touches Puma, through its public plugin API (5.6 to
@@ -31,7 +27,7 @@ module Pgbus
       end
 
       def start(launcher)
-        log = PumaLog.new(launcher)
+        log = PumaLog.logger(launcher)
         if launcher.options[:workers].to_i.positive?
           Boot.arm(logger: log)
         else
