@@ -41,7 +41,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -275,84 +275,44 @@ impl FailoverListener {
     }
 
     fn ask(&self, command: Command) {
-        if !self.shared.owner.is_current() || lock(&self.shared.state).stopped {
-            return; // a forked child's, or a stopped listener's: nothing runs it
+        if !self.shared.owner.is_current() {
+            return; // a forked child's: nothing runs it
         }
         let mut async_listens = lock(&self.shared.async_listens);
-        let running = async_listens.get_or_insert_with(|| {
+        // Checked under `async_listens`: `stop` sets it before taking them.
+        if lock(&self.shared.state).stopped {
+            return;
+        }
+        if async_listens.is_none() {
             let (commands, received) = crossbeam_channel::unbounded();
             let (stop, stopped) = crossbeam_channel::bounded(0);
-            let listener = Self {
-                shared: Arc::clone(&self.shared),
-            };
-            let thread = std::thread::Builder::new()
-                .name("pgbus-hub async listens".into())
-                .spawn(move || listener.run_async_listens(&received, &stopped))
-                .expect("spawning the async listens thread");
-            AsyncListens {
-                commands,
-                stop,
-                thread,
-            }
-        });
-        let _ = running.commands.send(command);
-    }
-
-    /// The `listen_async` thread: commands in order; a LISTEN not confirmed
-    /// is asked again after [`LISTEN_RETRY`] while still subscribed (logged
-    /// once per queue).
-    fn run_async_listens(&self, commands: &Receiver<Command>, stop: &Receiver<()>) {
-        let mut retries: VecDeque<(Instant, String, u64)> = VecDeque::new();
-        let mut retrying: HashSet<String> = HashSet::new();
-        loop {
-            let wait = retries.front().map_or(Duration::MAX, |(at, ..)| {
-                at.saturating_duration_since(Instant::now())
-            });
-            let (queue, ticket) = crossbeam_channel::select! {
-                recv(stop) -> _ => return,
-                recv(commands) -> command => match command {
-                    Ok(Command::Listen(queue, ticket)) => (queue, ticket),
-                    Ok(Command::Unlisten(queue)) => {
-                        self.remove_listening(&queue);
-                        continue;
-                    }
-                    Err(_) => return,
-                },
-                default(wait) => match retries.pop_front() {
-                    Some((_, queue, ticket)) if lock(&self.shared.state).subscriptions.contains(&queue) => {
-                        (queue, ticket)
-                    }
-                    Some((_, queue, _)) => {
-                        retrying.remove(&queue);
-                        continue;
-                    }
-                    None => continue,
-                },
-            };
-            match self.ensure_listening_or_cancel(&queue, stop) {
-                Listened::Done => {
-                    retrying.remove(&queue);
-                    let _ = self
-                        .shared
-                        .local_wakes
-                        .send(Delivery::Listening { queue, ticket });
-                    if let Some(reader) = lock(&self.shared.hub_reader).clone() {
-                        reader.interrupt(); // the pump waits on the hub's socket
-                    }
+            // Weak: a listener dropped without `stop` ends the thread too.
+            let shared = Arc::downgrade(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("pgbus-hub listens".into())
+                .spawn(move || run_async_listens(&shared, &received, &stopped));
+            match spawned {
+                Ok(thread) => {
+                    *async_listens = Some(AsyncListens {
+                        commands,
+                        stop,
+                        thread,
+                    })
                 }
-                Listened::NotConfirmed if lock(&self.shared.state).stopped => return,
-                Listened::NotConfirmed => {
-                    if retrying.insert(queue.clone()) {
-                        self.shared.log.warn(format!(
-                            "[pgbus-hub] LISTEN {queue:?} not confirmed: asking again every {}s while subscribed",
-                            LISTEN_RETRY.as_secs_f64()
-                        ));
-                    }
-                    retries.push_back((Instant::now() + LISTEN_RETRY, queue, ticket));
+                Err(error) => {
+                    return self.shared.log.error(format!(
+                        "[pgbus-hub] cannot start the LISTEN thread ({error}): not subscribed"
+                    ))
                 }
-                Listened::Refused(_) => {} // logged by ensure_listening
             }
         }
+        if let Some(running) = &*async_listens {
+            let _ = running.commands.send(command);
+        }
+    }
+
+    fn subscribed(&self, queue: &str) -> bool {
+        lock(&self.shared.state).subscriptions.contains(queue)
     }
 
     /// True once the hub's failure (or absence at start) handed over to the
@@ -394,6 +354,68 @@ impl FailoverListener {
 
     pub fn stop(&self) {
         self.stop_or_cancel(&crossbeam_channel::never());
+    }
+}
+
+/// The `listen_async` thread: commands in order; a LISTEN not confirmed is
+/// asked again after [`LISTEN_RETRY`] while still subscribed (logged once
+/// per queue). Ends at `stop`, or once the listener is gone.
+fn run_async_listens(shared: &Weak<Shared>, commands: &Receiver<Command>, stop: &Receiver<()>) {
+    let mut retries: VecDeque<(Instant, String, u64)> = VecDeque::new();
+    let mut retrying: HashSet<String> = HashSet::new();
+    loop {
+        let wait = retries.front().map_or(Duration::MAX, |(at, ..)| {
+            at.saturating_duration_since(Instant::now())
+        });
+        let (command, retry) = crossbeam_channel::select! {
+            recv(stop) -> _ => return,
+            recv(commands) -> command => match command {
+                Ok(command) => (command, false),
+                Err(_) => return,
+            },
+            default(wait) => match retries.pop_front() {
+                Some((_, queue, ticket)) => (Command::Listen(queue, ticket), true),
+                None => continue,
+            },
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let listener = FailoverListener { shared };
+        let (queue, ticket) = match command {
+            Command::Unlisten(queue) => {
+                listener.remove_listening(&queue);
+                continue;
+            }
+            Command::Listen(queue, _) if retry && !listener.subscribed(&queue) => {
+                retrying.remove(&queue); // unsubscribed since
+                continue;
+            }
+            Command::Listen(queue, ticket) => (queue, ticket),
+        };
+        match listener.ensure_listening_or_cancel(&queue, stop) {
+            Listened::Done => {
+                retrying.remove(&queue);
+                let _ = listener
+                    .shared
+                    .local_wakes
+                    .send(Delivery::Listening { queue, ticket });
+                if let Some(reader) = lock(&listener.shared.hub_reader).clone() {
+                    reader.interrupt(); // the pump waits on the hub's socket
+                }
+            }
+            Listened::NotConfirmed if lock(&listener.shared.state).stopped => return,
+            Listened::NotConfirmed => {
+                if retrying.insert(queue.clone()) {
+                    listener.shared.log.warn(format!(
+                        "[pgbus-hub] LISTEN {queue:?} not confirmed: asking again every {}s while subscribed",
+                        LISTEN_RETRY.as_secs_f64()
+                    ));
+                }
+                retries.push_back((Instant::now() + LISTEN_RETRY, queue, ticket));
+            }
+            Listened::Refused(_) => {} // logged by ensure_listening
+        }
     }
 }
 

@@ -346,3 +346,16 @@ fn listen_async_asks_again_while_not_confirmed_and_stop_ends_it() {
         stopping.elapsed()
     );
 }
+
+#[test]
+fn a_listener_dropped_without_stop_ends_its_listen_thread_and_closes_its_connection() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let queue = fx.queue("q");
+    let (listener, pump) = fx.failover(None, LogSink::silent());
+    let ticket = listener.listen_async(&queue);
+    pump.expect_listening(&queue, ticket);
+    fx.wait_for_census(1);
+    drop(pump);
+    drop(listener);
+    fx.wait_for_census(0);
+}
