@@ -11,7 +11,7 @@ module Pgbus
       class << self
         attr_reader :shape
 
-        # Idempotent: at require and at pgbus's first configure/configuration.
+        # Idempotent: at require and at pgbus's first configuration.
         def install!
           return nil unless ::Pgbus.method(:configuration).super_method
 
@@ -71,14 +71,9 @@ module Pgbus
         end
       end
 
-      # pgbus-hub often loads BEFORE pgbus (puma.rb, Gemfile order): the glue
-      # then installs at the app's first Pgbus.configure / Pgbus.configuration.
-      module ConfigureHook
-        def configure(...)
-          PgbusAdapter.install! unless PgbusAdapter.shape
-          super
-        end
-
+      # pgbus-hub often loads BEFORE pgbus (puma.rb, Gemfile order): the glue then installs at the
+      # app's first Pgbus.configuration (pgbus's Pgbus.configure calls it too).
+      module ConfigurationHook
         def configuration(...)
           PgbusAdapter.install! unless PgbusAdapter.shape
           super
@@ -138,5 +133,5 @@ module Pgbus
   end
 end
 
-Pgbus.singleton_class.prepend(Pgbus::Hub::PgbusAdapter::ConfigureHook)
+Pgbus.singleton_class.prepend(Pgbus::Hub::PgbusAdapter::ConfigurationHook)
 Pgbus::Hub::PgbusAdapter.install!
