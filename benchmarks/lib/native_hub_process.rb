@@ -10,6 +10,10 @@ require "pgbus/hub"
 path, url, health = ARGV
 hub = Pgbus::Hub::MasterHub.new(connection: url, socket_path: path, health_check_ms: Integer(health || 250),
                                 logger: Logger.new($stderr, level: :warn)).start
+# Ready once LISTENing: workers subscribe at once, and a sub acked before the hub's first
+# connection is up returns nil ("listening after the reconnect").
+deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+sleep 0.01 until hub.stats[:listener_healthy] || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 $stdout.sync = true
 $stdout.puts "ready"
 while (line = $stdin.gets)

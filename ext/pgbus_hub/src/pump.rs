@@ -29,18 +29,22 @@ static WAKE_MESSAGE: Lazy<RClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
-/// The class the running pgbus builds its wakes in, else ours; looked up at
-/// `owner`'s first delivery and kept in its `@wake_class` (GC-visible).
-fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<RClass, Error> {
+/// The class the running pgbus builds its wakes in, else ours, and whether
+/// it has a payload; looked up at `owner`'s first delivery and kept in its
+/// `@wake_class` (GC-visible) and `@wake_payload` (a batch is often one wake).
+fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<(RClass, bool), Error> {
     if let Some(class) = owner.ivar_get::<_, Option<RClass>>("@wake_class")? {
-        return Ok(class);
+        return Ok((class, owner.ivar_get("@wake_payload")?));
     }
     let pgbus: Option<RClass> = ruby.eval(
         "::Pgbus::Web::Streamer::Listener::WakeMessage if defined?(::Pgbus::Web::Streamer::Listener::WakeMessage)",
     )?;
     let class = pgbus.unwrap_or_else(|| ruby.get_inner(&WAKE_MESSAGE));
+    let members: RArray = class.funcall("members", ())?;
+    let with_payload = members.includes(ruby.to_symbol("payload"));
     owner.ivar_set("@wake_class", class)?;
-    Ok(class)
+    owner.ivar_set("@wake_payload", with_payload)?;
+    Ok((class, with_payload))
 }
 
 const PAYLOADLESS_WARNING: &str =
@@ -89,9 +93,7 @@ impl Pump {
         let options = crate::options::of(owner)?;
         let option = |key: &str| options.aref::<_, Value>(ruby.to_symbol(key));
         let (logger, queue) = (option("logger")?, option("dispatch_queue")?);
-        let class = wake_class(ruby, owner)?;
-        let members: RArray = class.funcall("members", ())?;
-        let with_payload = members.includes(ruby.to_symbol("payload"));
+        let (class, with_payload) = wake_class(ruby, owner)?;
         for item in batch.items {
             let delivered = match item {
                 Delivery::Wake(wake) => {
