@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "set"
 require_relative "hub/version"
 require_relative "hub/native_path"
 # The native extension (ext/pgbus_hub): Protocol, the errors, DEFAULTS and the native classes.

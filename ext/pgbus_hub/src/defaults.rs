@@ -78,8 +78,5 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
 
 /// `Pgbus::Hub::DEFAULTS`, as `init` defined it.
 pub fn hash(ruby: &Ruby) -> Result<magnus::RHash, Error> {
-    ruby.class_object()
-        .const_get::<_, RModule>("Pgbus")?
-        .const_get::<_, RModule>("Hub")?
-        .const_get("DEFAULTS")
+    crate::errors::hub_module(ruby).const_get("DEFAULTS")
 }

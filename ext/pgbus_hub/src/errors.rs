@@ -4,11 +4,12 @@
 use magnus::{prelude::*, value::Lazy, Error, ExceptionClass, RModule, Ruby};
 use pgbus_hub_core::protocol::ProtocolError;
 
-fn hub_module(ruby: &Ruby) -> RModule {
+/// `Pgbus::Hub`, once `init` defined it.
+pub fn hub_module(ruby: &Ruby) -> RModule {
     ruby.class_object()
         .const_get::<_, RModule>("Pgbus")
         .and_then(|pgbus| pgbus.const_get("Hub"))
-        .expect("Pgbus::Hub is defined by init before any error class is used")
+        .expect("Pgbus::Hub is defined by init before any of its constants is used")
 }
 
 /// `Pgbus::Hub::Error < StandardError`: the base of everything we raise.

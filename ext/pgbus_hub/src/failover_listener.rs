@@ -186,9 +186,8 @@ impl RbFailoverListener {
 /// `Pgbus::Hub::Listener`: the same, without a hub to try (the `:process`
 /// scope, single mode, standalone).
 static LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
-    ruby.define_module("Pgbus")
-        .and_then(|m| m.define_module("Hub"))
-        .and_then(|m| m.const_get("Listener"))
+    crate::errors::hub_module(ruby)
+        .const_get("Listener")
         .expect("defined in init")
 });
 
@@ -236,9 +235,8 @@ fn worker_listener(ruby: &Ruby, args: &[Value]) -> Result<Value, Error> {
 
 /// `Pgbus::Hub::FailoverListener`.
 static FAILOVER_LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
-    ruby.define_module("Pgbus")
-        .and_then(|m| m.define_module("Hub"))
-        .and_then(|m| m.const_get("FailoverListener"))
+    crate::errors::hub_module(ruby)
+        .const_get("FailoverListener")
         .expect("defined in init")
 });
 

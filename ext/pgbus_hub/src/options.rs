@@ -312,6 +312,16 @@ fn check_option(
     check(ruby, &owner, &name, kind, value)
 }
 
+/// A listen scope as given (a Symbol or a String), by name; None for any other kind.
+fn scope_name(value: Value) -> Result<Option<String>, Error> {
+    if let Some(symbol) = magnus::Symbol::from_value(value) {
+        return Ok(Some(symbol.name()?.into_owned()));
+    }
+    RString::from_value(value)
+        .map(|text| text.to_string())
+        .transpose()
+}
+
 /// The owner named in `Pgbus::Hub.configure`'s errors.
 const CONFIGURE: &str = "Pgbus::Hub.configure";
 
@@ -323,26 +333,16 @@ fn check_setting(ruby: &Ruby, key: magnus::Symbol, value: Value) -> Result<Value
         "logger" => Ok(value),
         "connection" | "socket_path" if value.is_nil() => Ok(value),
         "connection" => connection(ruby, value).map(|_| value),
-        "listen_scope" => {
-            let scope = match (
-                magnus::Symbol::from_value(value),
-                RString::from_value(value),
-            ) {
-                (Some(symbol), _) => Some(symbol.name()?.into_owned()),
-                (None, Some(text)) => Some(text.to_string()?),
-                _ => None,
-            };
-            match scope.as_deref() {
-                Some(name @ ("master" | "process")) => Ok(ruby.to_symbol(name).as_value()),
-                _ => Err(arg_error(
-                    ruby,
-                    format!(
-                        "{CONFIGURE}: listen_scope must be :master or :process, got {}",
-                        value.inspect()
-                    ),
-                )),
-            }
-        }
+        "listen_scope" => match scope_name(value)?.as_deref() {
+            Some(name @ ("master" | "process")) => Ok(ruby.to_symbol(name).as_value()),
+            _ => Err(arg_error(
+                ruby,
+                format!(
+                    "{CONFIGURE}: listen_scope must be :master or :process, got {}",
+                    value.inspect()
+                ),
+            )),
+        },
         _ => check_option(ruby, CONFIGURE.to_owned(), key, value),
     }
 }
@@ -359,17 +359,10 @@ fn check_pgbus_listen_scope(
     scope: Value,
     error_class: magnus::ExceptionClass,
 ) -> Result<magnus::Symbol, Error> {
-    let name = match (
-        magnus::Symbol::from_value(scope),
-        RString::from_value(scope),
-    ) {
-        (Some(symbol), _) => symbol.name()?.into_owned(),
-        (None, Some(text)) => text.to_string()?,
-        _ => {
-            let class = scope.class().inspect();
-            let message = format!("Invalid streams_listen_scope type: {class}. {PGBUS_SCOPE_HINT}");
-            return Err(Error::new(error_class, message));
-        }
+    let Some(name) = scope_name(scope)? else {
+        let class = scope.class().inspect();
+        let message = format!("Invalid streams_listen_scope type: {class}. {PGBUS_SCOPE_HINT}");
+        return Err(Error::new(error_class, message));
     };
     let symbol = ruby.to_symbol(&name);
     if matches!(&*name, "master" | "process") {

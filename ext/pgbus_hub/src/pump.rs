@@ -1,8 +1,9 @@
 //! Hands wakes from native code to the Ruby pump thread (see
-//! lib/pgbus/hub/native_object.rb): `next_batch` waits without the GVL on a
+//! lib/pgbus/hub/native_object.rb): `deliver` waits without the GVL on a
 //! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
 //! interrupted by Thread#kill / stop through `WakeSource::interrupt`; back
-//! on the pump's Ruby thread it builds the wakes in the class pgbus expects.
+//! on the pump's Ruby thread it builds the wakes in the class pgbus expects
+//! and hands them, a failure and listen confirmations to the owner's options.
 
 use crate::errors::panicked;
 use crate::logs::LogPump;
@@ -25,7 +26,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// `Pgbus::Hub::WakeMessage`: a wake in a dispatch queue when pgbus is not
 /// loaded (pgbus's own `Listener::WakeMessage` otherwise, see [`wake_class`]).
 static WAKE_MESSAGE: Lazy<RClass> = Lazy::new(|ruby| {
-    ruby.eval("::Pgbus::Hub::WakeMessage")
+    crate::errors::hub_module(ruby)
+        .const_get("WakeMessage")
         .expect("defined in init")
 });
 
@@ -78,9 +80,11 @@ impl Pump {
     /// Waits (without the GVL) for the next batch and delivers it on this
     /// Ruby thread: each wake `<<` into `owner`'s `dispatch_queue` option,
     /// built in the class pgbus expects; the failure to its `on_failure`, at
-    /// most once; a `listen_async` confirmation to its `on_listening` (queue, ticket). A pgbus whose WakeMessage has no payload gets an ephemeral
-    /// payload as a durable wake (its stream re-reads), with one warning.
-    /// False once closed.
+    /// most once; a `listen_async` confirmation to its `on_listening`
+    /// (queue, ticket). A pgbus whose WakeMessage has no payload gets an
+    /// ephemeral payload as a durable wake (its stream re-reads), with one
+    /// warning. A StandardError raised by one of them is logged and the
+    /// batch goes on. False once closed.
     pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
         let batch = nogvl(
             || self.source.next_batch(BATCH, POLL),
@@ -95,7 +99,7 @@ impl Pump {
         let (logger, queue) = (option("logger")?, option("dispatch_queue")?);
         let (class, with_payload) = wake_class(ruby, owner)?;
         for item in batch.items {
-            let delivered = match item {
+            let (what, delivered) = match item {
                 Delivery::Wake(wake) => {
                     // One copy each, into the Ruby Strings.
                     let queue_name = ruby.str_new(&wake.queue);
@@ -113,35 +117,37 @@ impl Pump {
                         }
                         class.funcall("new", (kwargs!("queue_name" => queue_name),))
                     };
-                    built.and_then(|wake: Value| queue.funcall::<_, _, Value>("<<", (wake,)))
+                    let pushed = built.and_then(|wake: Value| queue.funcall("<<", (wake,)));
+                    ("wake delivery", pushed)
                 }
                 Delivery::Failed { .. } if !self.failed.swap(true, Ordering::SeqCst) => {
-                    let on_failure = option("on_failure")?;
-                    if on_failure.is_nil() {
-                        continue;
-                    }
-                    on_failure.funcall("call", ())
+                    ("on_failure", call_option(option("on_failure")?, ()))
                 }
                 Delivery::Failed { .. } => continue,
-                Delivery::Listening { queue, ticket } => {
-                    let on_listening = option("on_listening")?;
-                    if on_listening.is_nil() {
-                        continue;
-                    }
-                    on_listening.funcall("call", (queue, ticket))
-                }
+                Delivery::Listening { queue, ticket } => (
+                    "on_listening",
+                    call_option(option("on_listening")?, (queue, ticket)),
+                ),
             };
             if let Err(error) = delivered {
-                survive(ruby, logger, "wake delivery", error)?;
+                survive(ruby, logger, what, error)?;
             }
         }
         Ok(true)
     }
 }
 
+/// `callback.call(*args)` unless the option is nil.
+fn call_option<A: magnus::ArgList>(callback: Value, args: A) -> Result<Value, Error> {
+    if callback.is_nil() {
+        return Ok(callback);
+    }
+    callback.funcall("call", args)
+}
+
 /// `logger.public_send(severity, message)` unless nil; a broken logger must
 /// not stop the thread that logs.
-pub fn log(logger: Value, severity: &str, message: impl AsRef<str>) {
+fn log(logger: Value, severity: &str, message: impl AsRef<str>) {
     if !logger.is_nil() {
         let _: Result<Value, Error> = logger.funcall(severity, (message.as_ref(),));
     }

@@ -6,6 +6,7 @@ require "socket"
 require "tmpdir"
 require "fileutils"
 require "rbconfig"
+require "set"
 require "pg"
 require_relative "../database"
 
