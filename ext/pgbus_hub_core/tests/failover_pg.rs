@@ -45,15 +45,7 @@ impl Fixture {
     }
 
     fn listener(&self, log: LogSink) -> ListenerConfig {
-        ListenerConfig {
-            connection: ConnectionOptions::parse(&self.url)
-                .unwrap()
-                .with_application_name(&self.tag),
-            health_check: Duration::from_millis(100),
-            channel_prefix: "pgmq.q_".into(),
-            channel_suffix: ".INSERT".into(),
-            log,
-        }
+        support_pg::listener_config(&self.url, &self.tag, log)
     }
 
     fn hub(&self) -> MasterHub {

@@ -7,7 +7,6 @@ mod support_pg;
 
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
-use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::protocol::{Decoder, Message, Wake};
 use std::io::{Read, Write};
@@ -57,15 +56,7 @@ impl Fixture {
 
     fn config(&self, name: &str) -> HubConfig {
         HubConfig {
-            listener: ListenerConfig {
-                connection: ConnectionOptions::parse(&self.url)
-                    .unwrap()
-                    .with_application_name(&self.tag),
-                health_check: Duration::from_millis(100),
-                channel_prefix: "pgmq.q_".into(),
-                channel_suffix: ".INSERT".into(),
-                log: LogSink::silent(),
-            },
+            listener: support_pg::listener_config(&self.url, &self.tag, LogSink::silent()),
             socket_path: self.dir.join(format!("{name}.sock")),
             status_interval: Duration::from_millis(200),
             durable_queue_limit: 256,

@@ -1,7 +1,28 @@
 //! The test database and the two probes the PostgreSQL tests share: a
-//! NOTIFY on a queue's channel, and the census of one tag's connections.
+//! NOTIFY on a queue's channel, and the census of one tag's connections;
+//! and the listener configuration their fixtures start with.
 
 #![allow(dead_code)]
+
+use pgbus_hub_core::conninfo::ConnectionOptions;
+use pgbus_hub_core::listener::ListenerConfig;
+use pgbus_hub_core::log::LogSink;
+use std::time::Duration;
+
+/// A listener on `url` whose connections carry `tag` as application_name
+/// (the census counts them), on pgmq's channels, with a 100 ms health check
+/// (short, so outages and reconnects show within a test's waits).
+pub fn listener_config(url: &str, tag: &str, log: LogSink) -> ListenerConfig {
+    ListenerConfig {
+        connection: ConnectionOptions::parse(url)
+            .unwrap()
+            .with_application_name(tag),
+        health_check: Duration::from_millis(100),
+        channel_prefix: "pgmq.q_".into(),
+        channel_suffix: ".INSERT".into(),
+        log,
+    }
+}
 
 /// The run's database (`rake test` sets PGBUS_HUB_TEST_DATABASE_URL to one
 /// of its own), or None (the test skips) when nothing answers there.
