@@ -13,7 +13,6 @@ rescue LoadError
                    "#{built.sort.join(', ')}): install the source gem (gem install pgbus-hub --platform ruby), " \
                    "or run rake compile in a checkout"
 end
-require_relative "hub/native_object"
 require_relative "hub/configuration"
 require_relative "hub/boot"
 require_relative "hub/puma_plugin"

@@ -2,12 +2,13 @@
 //! without a hub to try): a worker's listener, served by the master hub
 //! until it fails, then by a LISTEN connection of its own
 //! (`pgbus_hub_core::failover`), with pgbus's Listener surface. Its pump
-//! and log threads are lib/pgbus/hub/native_object.rb's.
+//! and log threads (started, listed and joined by `stop`) are in `threads`.
 
 use crate::errors::{hub_error, panicked};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options::{self, listener_config};
 use crate::pump::Outputs;
+use crate::threads::{self, NativeObject};
 use magnus::scan_args::scan_args;
 use magnus::{
     method, prelude::*, typed_data::Obj, value::Lazy, Error, KwArgs, RClass, RHash, RModule,
@@ -55,7 +56,7 @@ impl RbFailoverListener {
             rb_self.started.store(false, Ordering::SeqCst);
             return Err(error);
         }
-        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub listener",))?;
+        threads::start(ruby, rb_self, "pgbus-hub listener")?;
         Ok(rb_self)
     }
 
@@ -165,7 +166,9 @@ impl RbFailoverListener {
         }
         Ok(hash)
     }
+}
 
+impl NativeObject for RbFailoverListener {
     /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
     /// the side's threads at once (stopped all the same), and the outputs
     /// are closed either way.
@@ -261,7 +264,8 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     listener.define_method("connected?", method!(RbFailoverListener::connected, 0))?;
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
-    class.define_private_method("native_stop", method!(RbFailoverListener::native_stop, 0))?;
+    class.define_method("stop", method!(threads::stop::<RbFailoverListener>, 0))?;
+    class.define_method("threads", method!(threads::alive::<RbFailoverListener>, 0))?;
     crate::pump::define_output_methods!(class, RbFailoverListener);
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! `Pgbus::Hub::HubClient`: a worker's connection to the master hub (the
 //! transport pgbus 0.13.1+'s own FailoverListener drives). Its pump and log
-//! threads are lib/pgbus/hub/native_object.rb's.
+//! threads (started, listed and joined by `stop`) are in `threads`.
 
 use crate::errors::{panicked, unavailable};
 use crate::nogvl::{check_interrupts, nogvl_cancellable};
 use crate::options;
 use crate::pump::Outputs;
+use crate::threads::{self, NativeObject};
 use magnus::scan_args::{get_kwargs, scan_args};
 use magnus::{
     method, prelude::*, typed_data::Obj, Error, ExceptionClass, RHash, RModule, RString, Ruby,
@@ -57,7 +58,7 @@ impl RbHubClient {
         let socket_path = RString::try_convert(options::option(ruby, rb_self, "socket_path")?)?;
         let ack_timeout = f64::try_convert(options::option(ruby, rb_self, "ack_timeout")?)?;
         Self::native_connect(ruby, rb_self, socket_path, ack_timeout)?;
-        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub client",))?;
+        threads::start(ruby, rb_self, "pgbus-hub client")?;
         Ok(rb_self)
     }
 
@@ -164,7 +165,9 @@ impl RbHubClient {
     fn native_dead(&self) -> bool {
         self.client().is_none_or(|c| c.is_dead())
     }
+}
 
+impl NativeObject for RbHubClient {
     /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
     /// the socket's last users at once (stopped all the same: see
     /// `HubClient::stop_or_cancel`), and the outputs are closed either way.
@@ -242,7 +245,8 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     )?;
     class.define_method("hub_healthy?", method!(RbHubClient::native_hub_healthy, 0))?;
     class.define_method("dead?", method!(RbHubClient::native_dead, 0))?;
-    class.define_private_method("native_stop", method!(RbHubClient::native_stop, 0))?;
+    class.define_method("stop", method!(threads::stop::<RbHubClient>, 0))?;
+    class.define_method("threads", method!(threads::alive::<RbHubClient>, 0))?;
     crate::pump::define_output_methods!(class, RbHubClient);
     Ok(())
 }

@@ -14,6 +14,7 @@ mod nogvl;
 mod options;
 mod protocol;
 mod pump;
+mod threads;
 
 use magnus::{function, prelude::*, Error, Ruby, Value};
 

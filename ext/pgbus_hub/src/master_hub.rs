@@ -1,11 +1,12 @@
 //! `Pgbus::Hub::MasterHub`: the native hub, one PostgreSQL LISTEN connection
-//! fanned out to workers over a Unix socket. Its log thread is
-//! lib/pgbus/hub/native_object.rb's.
+//! fanned out to workers over a Unix socket. Its log thread (started,
+//! listed and joined by `stop`) is in `threads`.
 
 use crate::errors::{hub_error, panicked};
 use crate::logs::LogPump;
 use crate::nogvl::nogvl_cancellable;
 use crate::options::{self, listener_config, required, seconds};
+use crate::threads::{self, NativeObject};
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
@@ -41,7 +42,7 @@ impl RbMasterHub {
     /// raises Pgbus::Hub::Error with the reason.
     fn start(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
         Self::native_start(ruby, &rb_self, options::of(rb_self)?)?;
-        let _: Value = rb_self.funcall("start_threads", ("pgbus-hub",))?;
+        threads::start(ruby, rb_self, "pgbus-hub")?;
         Ok(rb_self)
     }
 
@@ -62,21 +63,6 @@ impl RbMasterHub {
         let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
         *rb_self.hub() = Some(hub);
         *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
-        Ok(())
-    }
-
-    /// Idempotent; inert in a forked child (the core checks the owner pid).
-    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        let taken = rb_self.hub().take();
-        if let Some(mut hub) = taken {
-            // Joining the hub thread can take up to its stop grace: never with
-            // the GVL held, and Thread#kill/raise end the wait at once.
-            nogvl_cancellable(move |cancel| hub.stop_or_cancel(cancel))
-                .ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
-        }
-        if let Some(pump) = rb_self.pump() {
-            pump.close();
-        }
         Ok(())
     }
 
@@ -107,13 +93,31 @@ impl RbMasterHub {
     }
 }
 
+impl NativeObject for RbMasterHub {
+    /// Idempotent; inert in a forked child (the core checks the owner pid).
+    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let taken = rb_self.hub().take();
+        if let Some(mut hub) = taken {
+            // Joining the hub thread can take up to its stop grace: never with
+            // the GVL held, and Thread#kill/raise end the wait at once.
+            nogvl_cancellable(move |cancel| hub.stop_or_cancel(cancel))
+                .ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
+        }
+        if let Some(pump) = rb_self.pump() {
+            pump.close();
+        }
+        Ok(())
+    }
+}
+
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     let class = hub.define_class("MasterHub", ruby.class_object())?;
     class.define_alloc_func::<RbMasterHub>();
     class.define_method("initialize", method!(RbMasterHub::initialize, -1))?;
     class.define_method("socket_path", method!(RbMasterHub::socket_path, 0))?;
     class.define_method("start", method!(RbMasterHub::start, 0))?;
-    class.define_private_method("native_stop", method!(RbMasterHub::native_stop, 0))?;
+    class.define_method("stop", method!(threads::stop::<RbMasterHub>, 0))?;
+    class.define_method("threads", method!(threads::alive::<RbMasterHub>, 0))?;
     class.define_private_method(
         "native_drain_logs",
         method!(RbMasterHub::native_drain_logs, 1),

@@ -377,7 +377,7 @@ fn check_pgbus_listen_scope(
 
 /// A native class's `initialize(**options)`: the resolved options in
 /// `@options` (frozen; GC-visible, so the Ruby threads' objects stay alive),
-/// the creating pid in `@owner_pid` (lib/pgbus/hub/native_object.rb).
+/// the creating pid in `@owner_pid` (`threads::stop` joins only there).
 pub fn initialize(
     ruby: &Ruby,
     object: impl magnus::Object,

@@ -1,5 +1,5 @@
-//! Hands wakes from native code to the Ruby pump thread (see
-//! lib/pgbus/hub/native_object.rb): `deliver` waits without the GVL on a
+//! Hands wakes from native code to the Ruby pump thread (started in
+//! `threads`): `deliver` waits without the GVL on a
 //! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
 //! interrupted by Thread#kill / stop through `WakeSource::interrupt`; back
 //! on the pump's Ruby thread it builds the wakes in the class pgbus expects
@@ -38,15 +38,30 @@ fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<(RClass, bool),
     if let Some(class) = owner.ivar_get::<_, Option<RClass>>("@wake_class")? {
         return Ok((class, owner.ivar_get("@wake_payload")?));
     }
-    let pgbus: Option<RClass> = ruby.eval(
-        "::Pgbus::Web::Streamer::Listener::WakeMessage if defined?(::Pgbus::Web::Streamer::Listener::WakeMessage)",
-    )?;
-    let class = pgbus.unwrap_or_else(|| ruby.get_inner(&WAKE_MESSAGE));
+    let class = match pgbus_wake_message(ruby)? {
+        Some(class) => class,
+        None => ruby.get_inner(&WAKE_MESSAGE),
+    };
     let members: RArray = class.funcall("members", ())?;
     let with_payload = members.includes(ruby.to_symbol("payload"));
     owner.ivar_set("@wake_class", class)?;
     owner.ivar_set("@wake_payload", with_payload)?;
     Ok((class, with_payload))
+}
+
+/// `::Pgbus::Web::Streamer::Listener::WakeMessage` if defined (autoloaded
+/// like Ruby's `defined?` + reference would); by constant lookups, as the
+/// pump thread has no Ruby frame to `eval` in.
+fn pgbus_wake_message(ruby: &Ruby) -> Result<Option<RClass>, Error> {
+    let mut scope = ruby.class_object().as_value();
+    for name in ["Pgbus", "Web", "Streamer", "Listener", "WakeMessage"] {
+        let defined: bool = scope.funcall("const_defined?", (name, false))?;
+        if !defined {
+            return Ok(None);
+        }
+        scope = scope.funcall("const_get", (name, false))?;
+    }
+    RClass::from_value(scope).map_or(Ok(None), |class| Ok(Some(class)))
 }
 
 const PAYLOADLESS_WARNING: &str =
@@ -216,7 +231,7 @@ impl Outputs {
 }
 
 /// Defines, on `$class`, the two private methods the Ruby threads of a class
-/// holding [`Outputs`] in its `outputs` field loop on (lib/pgbus/hub/native_object.rb):
+/// holding [`Outputs`] in its `outputs` field loop on (`threads`):
 /// `native_deliver` (the pump) and `native_drain_logs(logger)` (the log thread),
 /// each false once its stream is closed.
 /// A macro, not a generic function: magnus's `method!` wraps a concrete fn.

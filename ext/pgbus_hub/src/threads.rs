@@ -1,0 +1,92 @@
+//! The Ruby threads of a native object (MasterHub, HubClient,
+//! FailoverListener): a log thread handing records to the `logger:` option
+//! and, when there is a `dispatch_queue:`, a pump handing it the wakes. Each
+//! is a Ruby thread looping on one native call that waits without the GVL
+//! (`native_drain_logs`, `native_deliver`), kept in the object's
+//! `@log_thread` / `@pump` (GC-visible, and the thread holds the object as
+//! its argument). `stop` closes the native side, then joins them (bounded) in
+//! the creating process only: a forked child never touches its parent's threads.
+
+use crate::options;
+use magnus::{block::Proc, prelude::*, typed_data::Obj, Error, RArray, Ruby, Value};
+use pgbus_hub_core::process::current_pid;
+
+/// How long `stop` waits for each thread once its stream is closed: a
+/// delivery under way (a slow `<<` or logger) finishes, but a wedged one
+/// never holds up the caller's shutdown (Puma's stop, a worker's exit).
+const JOIN_SECONDS: f64 = 5.0;
+
+const THREAD_IVARS: [&str; 2] = ["@pump", "@log_thread"];
+
+/// A native class whose `stop` is its native stop, then joining its threads.
+pub trait NativeObject: magnus::TypedData {
+    /// Idempotent; ends the threads' native calls (they return false).
+    fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error>;
+}
+
+/// Called by the native start/connect once it succeeded.
+pub fn start<T: NativeObject>(ruby: &Ruby, owner: Obj<T>, name: &str) -> Result<(), Error> {
+    let options = options::of(owner)?;
+    let logger = options.get(ruby.to_symbol("logger"));
+    if let Some(logger) = logger.filter(|logger| !logger.is_nil()) {
+        let body = ruby.proc_new(drain_logs);
+        let thread = spawn(ruby, format!("{name} log"), (owner, logger), body)?;
+        owner.ivar_set("@log_thread", thread)?;
+    }
+    if options.get(ruby.to_symbol("dispatch_queue")).is_some() {
+        let thread = spawn(ruby, format!("{name} pump"), (owner,), ruby.proc_new(pump))?;
+        owner.ivar_set("@pump", thread)?;
+    }
+    Ok(())
+}
+
+fn spawn(
+    ruby: &Ruby,
+    name: String,
+    args: impl magnus::ArgList,
+    body: Proc,
+) -> Result<Value, Error> {
+    let thread: Value = ruby.class_thread().funcall_with_block("new", args, body)?;
+    let _: Value = thread.funcall("report_on_exception=", (false,))?;
+    let _: Value = thread.funcall("name=", (name,))?;
+    // Puma 7+ warns about threads started during app boot unless fork_safe.
+    let _: Value = thread.funcall("thread_variable_set", (ruby.to_symbol("fork_safe"), true))?;
+    Ok(thread)
+}
+
+fn pump(_ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
+    while args[0].funcall::<_, _, bool>("native_deliver", ())? {}
+    Ok(())
+}
+
+fn drain_logs(_ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
+    while args[0].funcall::<_, _, bool>("native_drain_logs", (args[1],))? {}
+    Ok(())
+}
+
+/// `#threads`: the object's threads still alive.
+pub fn alive<T: NativeObject>(ruby: &Ruby, owner: Obj<T>) -> Result<RArray, Error> {
+    let alive = ruby.ary_new();
+    for ivar in THREAD_IVARS {
+        let thread: Value = owner.ivar_get(ivar)?;
+        if !thread.is_nil() && thread.funcall("alive?", ())? {
+            alive.push(thread)?;
+        }
+    }
+    Ok(alive)
+}
+
+/// `#stop`: bounded; returns the object.
+pub fn stop<T: NativeObject>(ruby: &Ruby, rb_self: Obj<T>) -> Result<Obj<T>, Error> {
+    T::native_stop(ruby, &rb_self)?;
+    let owner_pid: u32 = rb_self.ivar_get("@owner_pid")?;
+    if owner_pid == current_pid() {
+        for thread in alive(ruby, rb_self)? {
+            let _: Value = thread.funcall("join", (JOIN_SECONDS,))?;
+        }
+    }
+    for ivar in THREAD_IVARS {
+        rb_self.ivar_set(ivar, ruby.qnil())?;
+    }
+    Ok(rb_self)
+}
