@@ -55,13 +55,14 @@ fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<(RClass, bool),
 fn pgbus_wake_message(ruby: &Ruby) -> Result<Option<RClass>, Error> {
     let mut scope = ruby.class_object().as_value();
     for name in ["Pgbus", "Web", "Streamer", "Listener", "WakeMessage"] {
-        let defined: bool = scope.funcall("const_defined?", (name, false))?;
+        let defined = scope.is_kind_of(ruby.class_module())
+            && scope.funcall::<_, _, bool>("const_defined?", (name, false))?;
         if !defined {
             return Ok(None);
         }
         scope = scope.funcall("const_get", (name, false))?;
     }
-    RClass::from_value(scope).map_or(Ok(None), |class| Ok(Some(class)))
+    Ok(RClass::from_value(scope))
 }
 
 const PAYLOADLESS_WARNING: &str =

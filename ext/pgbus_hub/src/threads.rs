@@ -79,8 +79,8 @@ pub fn alive<T: NativeObject>(ruby: &Ruby, owner: Obj<T>) -> Result<RArray, Erro
 /// `#stop`: bounded; returns the object.
 pub fn stop<T: NativeObject>(ruby: &Ruby, rb_self: Obj<T>) -> Result<Obj<T>, Error> {
     T::native_stop(ruby, &rb_self)?;
-    let owner_pid: u32 = rb_self.ivar_get("@owner_pid")?;
-    if owner_pid == current_pid() {
+    let owner_pid: Option<u32> = rb_self.ivar_get("@owner_pid")?;
+    if owner_pid == Some(current_pid()) {
         for thread in alive(ruby, rb_self)? {
             let _: Value = thread.funcall("join", (JOIN_SECONDS,))?;
         }
