@@ -143,7 +143,7 @@ module BenchWorker
     out.sync = true
     recorder = Recorder.new
     listener = build(mode, url, socket, StampQueue.new(recorder))
-    queues.each { |q| listener.ensure_listening(q) == :done || raise("no ack for #{q}") }
+    queues.each { |q| (result = listener.ensure_listening(q)) == :done || raise("#{mode}: no ack for #{q} (#{result.inspect})") }
     out.puts "ready"
     while (line = ctl.gets)
       cmd, *args = line.split
