@@ -28,7 +28,7 @@ pub trait NativeObject: magnus::TypedData {
 pub fn start<T: NativeObject>(ruby: &Ruby, owner: Obj<T>, name: &str) -> Result<(), Error> {
     let options = options::of(owner)?;
     let logger = options.get(ruby.to_symbol("logger"));
-    if let Some(logger) = logger.filter(|logger| !logger.is_nil()) {
+    if let Some(logger) = logger.filter(|logger| logger.to_bool()) {
         let body = ruby.proc_new(drain_logs);
         let thread = spawn(ruby, format!("{name} log"), (owner, logger), body)?;
         owner.ivar_set("@log_thread", thread)?;
