@@ -16,6 +16,7 @@ use pgbus_hub_core::process::current_pid;
 /// never holds up the caller's shutdown (Puma's stop, a worker's exit).
 const JOIN_SECONDS: f64 = 5.0;
 
+/// Where `start` keeps the threads; `alive` reads them, `stop` clears them.
 const THREAD_IVARS: [&str; 2] = ["@pump", "@log_thread"];
 
 /// A native class whose `stop` is its native stop, then joining its threads.
@@ -40,6 +41,9 @@ pub fn start<T: NativeObject>(ruby: &Ruby, owner: Obj<T>, name: &str) -> Result<
     Ok(())
 }
 
+/// A named Ruby thread running `body` with `args`. Not reported when it ends
+/// by an exception: the loops log what they survive, and what ends them
+/// (Thread#kill, an interrupt at exit) is expected.
 fn spawn(
     ruby: &Ruby,
     name: String,
