@@ -92,6 +92,26 @@ RSpec.describe Pgbus::Hub::HubClient do
     expect(called).to be(false)
   end
 
+  it "can be stopped from its own on_failure (on its pump thread): stopped, nothing raised, no thread left" do
+    stub = RubyHubStub.new(File.join(@dir, "closing.sock"), ack: false)
+    later { stub.close }
+    outcome = Queue.new
+    c = nil
+    c = client(File.join(@dir, "closing.sock"), ack_timeout: 0.3, on_failure: lambda {
+      outcome << begin
+        c.stop
+        :stopped
+      rescue Exception => e # rubocop:disable Lint/RescueException -- ThreadError is what this guards against
+        e
+      end
+    }).connect
+    expect { c.ensure_listening("q") }.to raise_error(Pgbus::Hub::HubUnavailableError, /ack/i)
+    expect(pop(outcome)).to eq(:stopped)
+    wait_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    sleep 0.01 until c.threads.empty? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > wait_until
+    expect(c.threads).to eq([])
+  end
+
   it "its pump thread can be killed while blocked in native code" do
     stub = RubyHubStub.new(File.join(@dir, "kill.sock"))
     later { stub.close }

@@ -80,13 +80,18 @@ pub fn alive<T: NativeObject>(ruby: &Ruby, owner: Obj<T>) -> Result<RArray, Erro
     Ok(alive)
 }
 
-/// `#stop`: bounded; returns the object.
+/// `#stop`: bounded; returns the object. Also from one of its own threads
+/// (an `on_failure` or `<<` that stops the object): that one is not joined
+/// (a thread cannot join itself) and ends when its call returns.
 pub fn stop<T: NativeObject>(ruby: &Ruby, rb_self: Obj<T>) -> Result<Obj<T>, Error> {
     T::native_stop(ruby, &rb_self)?;
     let owner_pid: Option<u32> = rb_self.ivar_get("@owner_pid")?;
     if owner_pid == Some(current_pid()) {
+        let current = ruby.thread_current();
         for thread in alive(ruby, rb_self)? {
-            let _: Value = thread.funcall("join", (JOIN_SECONDS,))?;
+            if !thread.equal(current)? {
+                let _: Value = thread.funcall("join", (JOIN_SECONDS,))?;
+            }
         }
     }
     for ivar in THREAD_IVARS {
