@@ -170,8 +170,7 @@ impl RbFailoverListener {
 
 impl NativeObject for RbFailoverListener {
     /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
-    /// the side's threads at once (stopped all the same), and the outputs
-    /// are closed either way.
+    /// the side's threads at once (stopped all the same).
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let taken = lock(&rb_self.listener).take();
         let stopped = match taken {
@@ -181,8 +180,11 @@ impl NativeObject for RbFailoverListener {
             }
             None => Some(()),
         };
-        rb_self.outputs.close();
         stopped.ok_or_else(|| panicked(ruby, "FailoverListener#stop"))
+    }
+
+    fn outputs(&self) -> &Outputs {
+        &self.outputs
     }
 }
 
@@ -266,6 +268,5 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
     class.define_method("stop", method!(threads::stop::<RbFailoverListener>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbFailoverListener>, 0))?;
-    crate::pump::define_output_methods!(class, RbFailoverListener);
     Ok(())
 }

@@ -170,15 +170,18 @@ impl RbHubClient {
 impl NativeObject for RbHubClient {
     /// Stops without the GVL; Thread#kill / Thread#raise end the wait for
     /// the socket's last users at once (stopped all the same: see
-    /// `HubClient::stop_or_cancel`), and the outputs are closed either way.
+    /// `HubClient::stop_or_cancel`).
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let stopped = match rb_self.client() {
             Some(client) => nogvl_cancellable(move |cancelled| client.stop_or_cancel(cancelled))
                 .map(|stop| stop.value),
             None => Some(()),
         };
-        rb_self.outputs.close();
         stopped.ok_or_else(|| panicked(ruby, "HubClient#stop"))
+    }
+
+    fn outputs(&self) -> &Outputs {
+        &self.outputs
     }
 }
 
@@ -247,6 +250,5 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("dead?", method!(RbHubClient::native_dead, 0))?;
     class.define_method("stop", method!(threads::stop::<RbHubClient>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbHubClient>, 0))?;
-    crate::pump::define_output_methods!(class, RbHubClient);
     Ok(())
 }

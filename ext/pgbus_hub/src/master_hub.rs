@@ -3,31 +3,27 @@
 //! listed and joined by `stop`) is in `threads`.
 
 use crate::errors::{hub_error, panicked};
-use crate::logs::LogPump;
 use crate::nogvl::nogvl_cancellable;
 use crate::options::{self, listener_config, required, seconds};
+use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
 use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 #[derive(Default)]
 #[magnus::wrap(class = "Pgbus::Hub::MasterHub")]
 pub struct RbMasterHub {
     hub: Mutex<Option<MasterHub>>,
-    logs: Mutex<Option<Arc<LogPump>>>,
+    outputs: Outputs,
 }
 
 impl RbMasterHub {
     fn hub(&self) -> std::sync::MutexGuard<'_, Option<MasterHub>> {
         lock(&self.hub)
-    }
-
-    fn pump(&self) -> Option<Arc<LogPump>> {
-        lock(&self.logs).clone()
     }
 
     fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
@@ -62,21 +58,12 @@ impl RbMasterHub {
         };
         let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
         *rb_self.hub() = Some(hub);
-        *lock(&rb_self.logs) = Some(Arc::new(LogPump::new(records)));
+        rb_self.outputs.open_logs(records);
         Ok(())
     }
 
     fn native_running(&self) -> bool {
         self.hub().as_ref().is_some_and(MasterHub::is_running)
-    }
-
-    /// Blocks (without the GVL) for the next log records and adds them to
-    /// `logger`; false once stopped and drained.
-    fn native_drain_logs(ruby: &Ruby, rb_self: &Self, logger: Value) -> Result<bool, Error> {
-        match rb_self.pump() {
-            Some(pump) => pump.drain(ruby, logger),
-            None => Ok(false),
-        }
     }
 
     fn native_stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
@@ -103,10 +90,11 @@ impl NativeObject for RbMasterHub {
             nogvl_cancellable(move |cancel| hub.stop_or_cancel(cancel))
                 .ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
         }
-        if let Some(pump) = rb_self.pump() {
-            pump.close();
-        }
         Ok(())
+    }
+
+    fn outputs(&self) -> &Outputs {
+        &self.outputs
     }
 }
 
@@ -118,10 +106,6 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("start", method!(RbMasterHub::start, 0))?;
     class.define_method("stop", method!(threads::stop::<RbMasterHub>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbMasterHub>, 0))?;
-    class.define_private_method(
-        "native_drain_logs",
-        method!(RbMasterHub::native_drain_logs, 1),
-    )?;
     class.define_method("running?", method!(RbMasterHub::native_running, 0))?;
     class.define_method("stats", method!(RbMasterHub::native_stats, 0))?;
     Ok(())

@@ -187,8 +187,9 @@ fn survive(ruby: &Ruby, logger: Value, what: &str, error: Error) -> Result<(), E
     Ok(())
 }
 
-/// The two streams a native source (HubClient, Listener) hands to its Ruby
-/// threads: wakes for the pump thread and log records for the log thread.
+/// The two streams a native object hands to its Ruby threads (`threads`):
+/// wakes for the pump thread (HubClient, FailoverListener) and log records
+/// for the log thread (all three).
 #[derive(Default)]
 pub struct Outputs {
     pump: Mutex<Option<Arc<Pump>>>,
@@ -206,6 +207,11 @@ fn replace<T>(slot: &Mutex<Option<Arc<T>>>, value: Option<Arc<T>>) -> Option<Arc
 impl Outputs {
     pub fn open(&self, wakes: Arc<dyn WakeSource>, records: crossbeam_channel::Receiver<Record>) {
         replace(&self.pump, Some(Arc::new(Pump::new(wakes))));
+        self.open_logs(records);
+    }
+
+    /// Log records only (the master hub has no wakes to hand out).
+    pub fn open_logs(&self, records: crossbeam_channel::Receiver<Record>) {
         replace(&self.logs, Some(Arc::new(LogPump::new(records))));
     }
 
@@ -230,32 +236,6 @@ impl Outputs {
         current(&self.logs).map_or(Ok(false), |logs| logs.drain(ruby, logger))
     }
 }
-
-/// Defines, on `$class`, the two private methods the Ruby threads of a class
-/// holding [`Outputs`] in its `outputs` field loop on (`threads`):
-/// `native_deliver` (the pump) and `native_drain_logs(logger)` (the log thread),
-/// each false once its stream is closed.
-/// A macro, not a generic function: magnus's `method!` wraps a concrete fn.
-macro_rules! define_output_methods {
-    ($class:expr, $ty:ty) => {{
-        fn deliver(
-            ruby: &magnus::Ruby,
-            rb_self: magnus::typed_data::Obj<$ty>,
-        ) -> Result<bool, magnus::Error> {
-            rb_self.outputs.deliver(ruby, rb_self)
-        }
-        fn drain_logs(
-            ruby: &magnus::Ruby,
-            rb_self: &$ty,
-            logger: magnus::Value,
-        ) -> Result<bool, magnus::Error> {
-            rb_self.outputs.drain_logs(ruby, logger)
-        }
-        $class.define_private_method("native_deliver", magnus::method!(deliver, 0))?;
-        $class.define_private_method("native_drain_logs", magnus::method!(drain_logs, 1))?;
-    }};
-}
-pub(crate) use define_output_methods;
 
 /// Defines `Pgbus::Hub::WakeMessage` (queue_name, payload; keyword_init).
 pub fn init(ruby: &Ruby, hub: magnus::RModule) -> Result<(), Error> {

@@ -2,12 +2,13 @@
 //! FailoverListener): a log thread handing records to the `logger:` option
 //! and, when there is a `dispatch_queue:`, a pump handing it the wakes. Each
 //! is a Ruby thread looping on one native call that waits without the GVL
-//! (`native_drain_logs`, `native_deliver`), kept in the object's
+//! ([`Outputs::drain_logs`], [`Outputs::deliver`]), kept in the object's
 //! `@log_thread` / `@pump` (GC-visible, and the thread holds the object as
 //! its argument). `stop` closes the native side, then joins them (bounded) in
 //! the creating process only: a forked child never touches its parent's threads.
 
 use crate::options;
+use crate::pump::Outputs;
 use magnus::{block::Proc, prelude::*, typed_data::Obj, Error, RArray, Ruby, Value};
 use pgbus_hub_core::process::current_pid;
 
@@ -19,10 +20,13 @@ const JOIN_SECONDS: f64 = 5.0;
 /// Where `start` keeps the threads; `alive` reads them, `stop` clears them.
 const THREAD_IVARS: [&str; 2] = ["@pump", "@log_thread"];
 
-/// A native class whose `stop` is its native stop, then joining its threads.
+/// A native class with Ruby threads: they drain its [`Outputs`], and its
+/// `stop` is its native stop, then joining them.
 pub trait NativeObject: magnus::TypedData {
-    /// Idempotent; ends the threads' native calls (they return false).
+    /// Idempotent; stops the native side (`stop` then closes the outputs).
     fn native_stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error>;
+
+    fn outputs(&self) -> &Outputs;
 }
 
 /// Called by the native start/connect once it succeeded.
@@ -30,12 +34,17 @@ pub fn start<T: NativeObject>(ruby: &Ruby, owner: Obj<T>, name: &str) -> Result<
     let options = options::of(owner)?;
     let logger = options.get(ruby.to_symbol("logger"));
     if let Some(logger) = logger.filter(|logger| logger.to_bool()) {
-        let body = ruby.proc_new(drain_logs);
+        let body = ruby.proc_new(drain_logs::<T>);
         let thread = spawn(ruby, format!("{name} log"), (owner, logger), body)?;
         owner.ivar_set("@log_thread", thread)?;
     }
     if options.get(ruby.to_symbol("dispatch_queue")).is_some() {
-        let thread = spawn(ruby, format!("{name} pump"), (owner,), ruby.proc_new(pump))?;
+        let thread = spawn(
+            ruby,
+            format!("{name} pump"),
+            (owner,),
+            ruby.proc_new(pump::<T>),
+        )?;
         owner.ivar_set("@pump", thread)?;
     }
     Ok(())
@@ -58,13 +67,21 @@ fn spawn(
     Ok(thread)
 }
 
-fn pump(_ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
-    while args[0].funcall::<_, _, bool>("native_deliver", ())? {}
+/// The pump thread's body (`Thread.new(owner)`).
+fn pump<T: NativeObject>(ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
+    let owner = Obj::<T>::try_convert(args[0])?;
+    while owner.outputs().deliver(ruby, owner)? {}
     Ok(())
 }
 
-fn drain_logs(_ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
-    while args[0].funcall::<_, _, bool>("native_drain_logs", (args[1],))? {}
+/// The log thread's body (`Thread.new(owner, logger)`).
+fn drain_logs<T: NativeObject>(
+    ruby: &Ruby,
+    args: &[Value],
+    _block: Option<Proc>,
+) -> Result<(), Error> {
+    let owner = Obj::<T>::try_convert(args[0])?;
+    while owner.outputs().drain_logs(ruby, args[1])? {}
     Ok(())
 }
 
@@ -84,7 +101,10 @@ pub fn alive<T: NativeObject>(ruby: &Ruby, owner: Obj<T>) -> Result<RArray, Erro
 /// (an `on_failure` or `<<` that stops the object): that one is not joined
 /// (a thread cannot join itself) and ends when its call returns.
 pub fn stop<T: NativeObject>(ruby: &Ruby, rb_self: Obj<T>) -> Result<Obj<T>, Error> {
-    T::native_stop(ruby, &rb_self)?;
+    let stopped = T::native_stop(ruby, &rb_self);
+    // Closed whatever the native stop returned: the threads' next calls return false.
+    rb_self.outputs().close();
+    stopped?;
     let owner_pid: Option<u32> = rb_self.ivar_get("@owner_pid")?;
     if owner_pid == Some(current_pid()) {
         let current = ruby.thread_current();
