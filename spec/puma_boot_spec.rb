@@ -163,6 +163,12 @@ RSpec.describe "Pgbus::Hub standalone API" do
     expect(Pgbus::Hub.configure { |c| c.listen_scope = "process" }.listen_scope).to eq(:process)
   end
 
+  # A sub sent before the hub's first connection is up waits for it within the ack timeout; these
+  # examples are about which listener answers, not about a hub's start-up.
+  def hub_listening(hub)
+    wait_for("the hub LISTENing") { hub.stats[:listener_healthy] }
+  end
+
   it "returns a FailoverListener over the hub, or a local Listener without one" do
     Pgbus::Hub.configure do |c|
       c.connection = TestDatabase.url
@@ -174,7 +180,7 @@ RSpec.describe "Pgbus::Hub standalone API" do
     expect(local).to be_a(Pgbus::Hub::Listener)
     local.stop
     path = File.join(@dir, "s.sock")
-    Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options)
+    hub_listening(Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options))
     ENV["PGBUS_STREAMS_HUB_SOCKET"] = path
     queue = Queue.new
     @listener = Pgbus::Hub.listener(dispatch_queue: queue)
@@ -187,7 +193,7 @@ RSpec.describe "Pgbus::Hub standalone API" do
   it "gives a refused queue name one outcome in cluster, single and :process mode: nil and one ERROR" do
     Pgbus::Hub.configure { |c| c.connection = TestDatabase.url }
     path = File.join(@dir, "r.sock")
-    Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options)
+    hub_listening(Pgbus::Hub::SharedHub.start(socket_path: path, **Pgbus::Hub.configuration.master_options))
     modes = {
       cluster: -> { ENV["PGBUS_STREAMS_HUB_SOCKET"] = path },
       single: -> { ENV.delete("PGBUS_STREAMS_HUB_SOCKET") },
@@ -196,14 +202,14 @@ RSpec.describe "Pgbus::Hub standalone API" do
     modes.each do |mode, arrange|
       arrange.call
       out = StringIO.new
-      listener = Pgbus::Hub.listener(dispatch_queue: Queue.new, logger: Logger.new(out))
-      expect(listener).to be_a(mode == :cluster ? Pgbus::Hub::FailoverListener : Pgbus::Hub::Listener)
-      2.times { expect(listener.ensure_listening("q" * 70)).to be_nil, mode.to_s }
-      expect(listener.ensure_listening("fine")).to eq(:done) # the log thread has written what came before
+      @listener = Pgbus::Hub.listener(dispatch_queue: Queue.new, logger: Logger.new(out)) # stopped by `around` if this fails
+      expect(@listener).to be_a(mode == :cluster ? Pgbus::Hub::FailoverListener : Pgbus::Hub::Listener)
+      2.times { expect(@listener.ensure_listening("q" * 70)).to be_nil, mode.to_s }
+      expect(@listener.ensure_listening("fine")).to eq(:done), mode.to_s # the log thread has written what came before
       wait_for("#{mode}: the refusal logged") { out.string.include?("cannot listen to") }
       expect(out.string.lines.grep(/ERROR .*cannot listen to "q{70}": .*63 bytes/).size).to eq(1), "#{mode}: #{out.string}"
-      expect(listener.ensure_listening("fine")).to eq(:done)
-      listener.stop
+      expect(@listener.ensure_listening("fine")).to eq(:done), mode.to_s
+      @listener.stop
     end
   end
 end
