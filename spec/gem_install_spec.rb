@@ -24,7 +24,7 @@ RSpec.describe "the packaged gem" do
     Dir.mktmpdir("pgbus-hub-gem") do |dir|
       gem_file = File.join(dir, "pgbus-hub.gem")
       env = { "CARGO_TARGET_DIR" => ENV.fetch("CARGO_TARGET_DIR") { File.join(ROOT, "target") } }
-      out, status = Open3.capture2e(env, "gem", "build", "pgbus-hub.gemspec", "--output", gem_file, chdir: ROOT)
+      out, status = Open3.capture2e(env, GEM_COMMAND, "build", "pgbus-hub.gemspec", "--output", gem_file, chdir: ROOT)
       expect(status).to be_success, out
 
       home = File.join(dir, "home")
@@ -33,7 +33,7 @@ RSpec.describe "the packaged gem" do
       # inside the gem, never in Ruby's own site directory.
       site_so = File.join(RbConfig::CONFIG["sitearchdir"], "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}")
       site_before = File.exist?(site_so) && File.mtime(site_so)
-      out, status = Open3.capture2e(install_env, "gem", "install", "--local", "--no-document", gem_file,
+      out, status = Open3.capture2e(install_env, GEM_COMMAND, "install", "--local", "--no-document", gem_file,
                                     chdir: dir)
       expect(status).to be_success, out
       expect(File.exist?(site_so) && File.mtime(site_so)).to eq(site_before)

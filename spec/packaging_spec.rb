@@ -33,7 +33,7 @@ RSpec.describe "packaged gems", :puma do
   def install(gem_file, home, env = {}, isolated: false)
     no_network = isolated && system("unshare", "--net", "true", err: File::NULL) ? %w[unshare --net] : []
     out, status = Open3.capture2e({ "GEM_HOME" => home, "GEM_PATH" => home }.merge(env),
-                                  *no_network, "gem", "install", "--local", "--no-document", gem_file)
+                                  *no_network, GEM_COMMAND, "install", "--local", "--no-document", gem_file)
     expect(status).to be_success, out
     out
   end

@@ -229,7 +229,7 @@ RSpec.describe "pgbus-hub Puma plugin files" do
     Pgbus::Hub::PumaLog.logger(modern).info("a")
     Pgbus::Hub::PumaLog.logger(legacy).warn("b")
     Pgbus::Hub::PumaLog.logger(legacy).debug("c")
-    Pgbus::Hub::PumaLog.logger(legacy).add(Logger::ERROR, "d", "pgbus-hub") # as the native log threads add
+    Pgbus::Hub::PumaLog.logger(legacy).add(3, "d", "pgbus-hub") # as the native log threads add (Logger::ERROR)
     expect(lines).to eq(["INFO a", "WARN b", "ERROR d"])
   end
 end

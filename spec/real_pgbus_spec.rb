@@ -5,7 +5,7 @@ require_relative "support/puma_apps/e2e_helpers"
 # Opt-in: REAL pgbus (any version on PGBUS_HUB_REAL_PGBUS_LIBS, colon-separated
 # lib dirs: pgbus, pgmq-ruby, fugit), never shipped with this project. pgbus
 # needs Ruby >= 3.3, so run it in the Ruby 3.3 chroot, e.g.
-#   PGBUS_HUB_TRIXIE_BIND=/src PGBUS_HUB_REAL_PGBUS_LIBS=/src/pgbus/lib:/src/pgmq/lib:/src/fugit/lib \
+#   PGBUS_HUB_CHROOT_BIND=/src PGBUS_HUB_REAL_PGBUS_LIBS=/src/pgbus/lib:/src/pgmq/lib:/src/fugit/lib \
 #     bin/trixie rspec spec/real_pgbus_spec.rb
 # A 4-worker Puma cluster (preload_app!, `plugin :pgbus_streams`) whose workers
 # each build a pgbus Streamer::Instance and ensure_listening one stream, with

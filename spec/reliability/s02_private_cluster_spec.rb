@@ -7,7 +7,7 @@ require_relative "support/helpers"
 RSpec.describe "reliability 2 + 8b: private PostgreSQL cluster", :reliability do
   before(:all) do
     next unless Rel.slow_requested? # the examples skip themselves; do not initdb for nothing
-    skip "PostgreSQL 15 binaries not found" unless PrivateCluster.available?
+    skip "no PostgreSQL binaries for a private cluster" unless PrivateCluster.available?
     @cluster = PrivateCluster.new
     @cluster.start
   end

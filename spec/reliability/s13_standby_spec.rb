@@ -22,7 +22,7 @@ RSpec.describe "reliability 13: standby refused, promotion followed", reliabilit
   end
 
   it "reports the standby unhealthy with the reason, then serves wakes after pg_ctl promote" do
-    skip "PostgreSQL 15 binaries not found" unless PrivateCluster.available?
+    skip "no PostgreSQL binaries for a private cluster" unless PrivateCluster.available?
     expect(@standby.connect.exec("select pg_is_in_recovery()").getvalue(0, 0)).to eq("t")
     with_tmpdir do |dir|
       hub = RelHub.new(dir, url: @standby.url)

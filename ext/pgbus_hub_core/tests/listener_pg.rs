@@ -1,8 +1,9 @@
 //! The LISTEN engine against a real PostgreSQL (no mocks).
 //!
 //! Database: `PGBUS_HUB_TEST_DATABASE_URL`, else `DATABASE_URL`, else
-//! `host=/var/run/postgresql dbname=pgbus_hub_test`. If none answers, each
-//! test prints "skipping: no PostgreSQL" and passes.
+//! `host=/var/run/postgresql dbname=pgbus_hub_test`. If the default answers
+//! nothing, each test prints "skipping: no PostgreSQL" and passes; a
+//! configured database that does not answer fails them.
 //!
 //! Tests run in parallel (and alongside other suites on the same server), so
 //! every test uses its own channel names (a per-test tag) and identifies the
@@ -21,12 +22,14 @@ use pgbus_hub_core::log::{Level, LogSink, Record};
 use pgbus_hub_core::protocol::Wake;
 use tokio::sync::mpsc;
 
+mod support_pg;
+use support_pg::{configured_database_url, skip_or_fail};
+
 const WAIT: Duration = Duration::from_secs(10);
 
 fn database_url() -> String {
-    std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".to_string())
+    configured_database_url()
+        .unwrap_or_else(|| "host=/var/run/postgresql dbname=pgbus_hub_test".to_string())
 }
 
 /// The run's own database (`rake test` creates one per run and sets this), for
@@ -52,26 +55,18 @@ fn tag() -> String {
 /// The options, or None (after printing why) when no PostgreSQL answers.
 async fn options() -> Option<ConnectionOptions> {
     let url = database_url();
+    let configured = configured_database_url().is_some();
     let options = match ConnectionOptions::parse(&url) {
         Ok(options) => options,
-        Err(error) => {
-            println!("skipping: no PostgreSQL ({error})");
-            return None;
-        }
+        Err(error) => return skip_or_fail(configured, &format!("no PostgreSQL ({error})")),
     };
     match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
         Ok(Ok(session)) => {
             session.close(Duration::from_millis(100)).await;
             Some(options)
         }
-        Ok(Err(error)) => {
-            println!("skipping: no PostgreSQL ({error})");
-            None
-        }
-        Err(_) => {
-            println!("skipping: no PostgreSQL (connect timed out)");
-            None
-        }
+        Ok(Err(error)) => skip_or_fail(configured, &format!("no PostgreSQL ({error})")),
+        Err(_) => skip_or_fail(configured, "no PostgreSQL (connect timed out)"),
     }
 }
 

@@ -1,19 +1,24 @@
 # frozen_string_literal: true
 
-require "logger"
-
 module Pgbus
   module Hub
-    # A Logger device writing to Puma's log (5.6: launcher.events; 6+: launcher.log_writer, which applies the
-    # app's log_formatter): "SEVERITY message" lines.
+    # Puma's log (5.6: launcher.events; 6+: launcher.log_writer, which applies the app's log_formatter)
+    # as the logger the hub's threads write to: "SEVERITY message" lines, INFO and up. It answers what
+    # they call (`add` with Logger's integer severities, `info`...) without the stdlib Logger, which
+    # Ruby 4.0 no longer ships as a default gem: a Bundler app without it still boots.
     PumaLog = Struct.new(:writer) do
-      def self.logger(launcher)
-        device = new(launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events)
-        ::Logger.new(device, level: :info, formatter: ->(severity, _time, _name, message) { "#{severity} #{message}" })
+      def self.logger(launcher) = new(launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events)
+
+      def add(severity, message = nil, progname = nil)
+        label = %w[DEBUG INFO WARN ERROR FATAL].fetch(severity, "ANY")
+        writer.log("#{label} #{message || progname}") unless label == "DEBUG"
+        true
       end
 
-      def write(line) = writer.log(line)
-      def close = nil
+      def debug(message) = add(0, message)
+      def info(message) = add(1, message)
+      def warn(message) = add(2, message)
+      def error(message) = add(3, message)
     end
 
     # The one place that touches Puma, through its public plugin API (5.6 to

@@ -11,6 +11,7 @@ require "fileutils"
 require "rbconfig"
 require "timeout"
 require_relative "../../support/database"
+require_relative "../../support/private_cluster"
 
 module Rel
   module_function
@@ -358,72 +359,6 @@ class RelWorker
     @cmd.close unless @cmd.closed?
     @reader.join(2)
     @rep.close unless @rep.closed?
-  end
-end
-
-# A throwaway PostgreSQL 15 cluster (initdb as the postgres user, Unix socket
-# only, in a temp dir) that scenarios may stop, restart and break. Never the
-# shared server.
-class PrivateCluster
-  BIN = "/usr/lib/postgresql/15/bin"
-
-  attr_reader :dir, :port
-
-  def self.available?
-    File.executable?(File.join(BIN, "initdb"))
-  end
-
-  # `standby_of:` a running PrivateCluster: a streaming standby of it
-  # (pg_basebackup -R, so it starts in recovery), with a port and socket of its own.
-  def initialize(standby_of: nil)
-    @dir = Dir.mktmpdir("pgbus-rel-pg")
-    File.chmod(0o755, @dir)
-    @data = File.join(@dir, "data")
-    @port = 55_000 + rand(5000)
-    @as_postgres = Process.euid.zero?
-    FileUtils.chown("postgres", "postgres", @dir) if @as_postgres
-    if standby_of
-      run!("#{BIN}/pg_basebackup", "-D", @data, "-R", "-X", "stream", "-h", standby_of.dir,
-           "-p", standby_of.port.to_s, "-U", "root", "--no-sync")
-    else
-      run!("#{BIN}/initdb", "-D", @data, "-A", "trust", "-U", "root", "-E", "UTF8", "--no-sync")
-    end
-    File.open(File.join(@data, "postgresql.conf"), "a") do |conf| # the last setting wins over the primary's
-      conf.puts "listen_addresses = ''", "unix_socket_directories = '#{@dir}'", "port = #{@port}",
-                "fsync = off", "max_connections = 50", "shared_buffers = 16MB"
-    end
-  end
-
-  def url(dbname: "postgres")
-    "host=#{@dir} port=#{@port} dbname=#{dbname} user=root"
-  end
-
-  def pg_ctl(*args)
-    run!("#{BIN}/pg_ctl", "-D", @data, "-l", File.join(@dir, "server.log"), "-w", "-t", "30", *args)
-  end
-
-  def start = pg_ctl("start")
-  def promote = pg_ctl("promote")
-  def stop(mode = "fast") = pg_ctl("-m", mode, "stop")
-  def restart(mode = "fast") = pg_ctl("-m", mode, "restart")
-
-  def connect(dbname: "postgres")
-    PG.connect(url(dbname: dbname))
-  end
-
-  def destroy
-    stop("immediate") rescue nil # rubocop:disable Style/RescueModifier
-    FileUtils.rm_rf(@dir)
-  end
-
-  private
-
-  def run!(*cmd)
-    cmd = ["runuser", "-u", "postgres", "--", *cmd] if @as_postgres
-    out = IO.popen(cmd, err: %i[child out], &:read)
-    raise "#{cmd.join(' ')} failed: #{out}" unless $?.success?
-
-    out
   end
 end
 

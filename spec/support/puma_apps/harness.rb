@@ -15,6 +15,9 @@ require_relative "../database"
 class PumaCluster
   ROOT = File.expand_path("../../..", __dir__)
   PUMA = ENV.fetch("PGBUS_E2E_PUMA", "/usr/bin/puma")
+  # The Ruby that runs Puma: this one, or PGBUS_E2E_RUBY, e.g. a Ruby that has no `pg` gem for
+  # the harness (a standalone app's workers need none): README, "Compatibility".
+  RUBY = ENV.fetch("PGBUS_E2E_RUBY") { RbConfig.ruby }
   DATABASE_URL = ENV.fetch("PGBUS_HUB_E2E_DATABASE_URL") { TestDatabase.keywords(host: "127.0.0.1") }
 
   attr_reader :pid, :state_dir, :port, :options
@@ -33,7 +36,7 @@ class PumaCluster
     @state_dir = Dir.mktmpdir("pgbus-e2e")
     @port = free_port
     @log_path = File.join(@state_dir, "puma.log")
-    @pid = Process.spawn(environment, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "config.rb"),
+    @pid = Process.spawn(environment, RUBY, PUMA, "-C", File.join(__dir__, "config.rb"),
                          chdir: @state_dir, pgroup: true, in: File::NULL, out: @log_path, err: %i[child out])
     @socket_to_clean = socket_path
     wait_for("puma to serve /pid", timeout: 30) { get("/pid") } if wait

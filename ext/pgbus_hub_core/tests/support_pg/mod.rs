@@ -25,18 +25,32 @@ pub fn listener_config(url: &str, tag: &str, log: LogSink) -> ListenerConfig {
 }
 
 /// The run's database (`rake test` sets PGBUS_HUB_TEST_DATABASE_URL to one
-/// of its own), or None (the test skips) when nothing answers there.
+/// of its own), or None (the test skips) when none is configured and nothing
+/// answers on the default socket. A configured database that does not answer
+/// fails the test: a run pointed at a server must never pass by skipping.
 pub fn database_url() -> Option<String> {
-    let url = std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
+    let configured = configured_database_url();
+    let url = configured
+        .clone()
+        .unwrap_or_else(|| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
     match postgres::Client::connect(&url, postgres::NoTls) {
         Ok(_) => Some(url),
-        Err(e) => {
-            eprintln!("skipping: no PostgreSQL at {url} ({e})");
-            None
-        }
+        Err(e) => skip_or_fail(configured.is_some(), &format!("no PostgreSQL at {url} ({e})")),
     }
+}
+
+/// PGBUS_HUB_TEST_DATABASE_URL, else DATABASE_URL, when either is set.
+pub fn configured_database_url() -> Option<String> {
+    std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .ok()
+}
+
+/// None after saying why the test skips, or a panic when the database was configured.
+pub fn skip_or_fail<T>(configured: bool, why: &str) -> Option<T> {
+    assert!(!configured, "{why} (configured for this run, so this is a failure, not a skip)");
+    eprintln!("skipping: {why}");
+    None
 }
 
 /// NOTIFY on pgmq's channel for `queue`.

@@ -12,8 +12,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The PostgreSQL the machine has (Debian's postgresql-15 package).
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The PostgreSQL binaries: PGBUS_HUB_PG_BIN (the release stages of `rake
+/// postgres` name each release's), else the newest Debian package installed.
+fn pg_bin() -> PathBuf {
+    if let Ok(bin) = std::env::var("PGBUS_HUB_PG_BIN") {
+        return PathBuf::from(bin);
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .max();
+    PathBuf::from(format!("/usr/lib/postgresql/{}/bin", newest.unwrap_or(0)))
+}
 /// The OS user the server runs as (initdb refuses root).
 const PG_OS_USER: &str = "postgres";
 /// Certificates live two days: long enough for any run, short enough to be
@@ -50,10 +62,17 @@ pub struct PrivateCluster {
     started: bool,
 }
 
-/// Why the cluster cannot be made here, or None when it can.
+/// Why the cluster cannot be made here, or None when it can. Binaries named
+/// by PGBUS_HUB_PG_BIN that are not there fail the test instead: that run
+/// asked for a release.
 pub fn missing_tools() -> Option<String> {
-    let initdb = Path::new(PG_BIN).join("initdb");
+    let initdb = pg_bin().join("initdb");
     if !initdb.exists() {
+        assert!(
+            std::env::var_os("PGBUS_HUB_PG_BIN").is_none(),
+            "PGBUS_HUB_PG_BIN: {} not found",
+            initdb.display()
+        );
         return Some(format!("{} not found", initdb.display()));
     }
     for tool in ["openssl", "runuser"] {
@@ -92,7 +111,7 @@ fn openssl(dir: &Path, what: &str, args: &str) {
 }
 
 fn as_postgres(what: &str, program: &str, args: &[&str]) {
-    let binary = Path::new(PG_BIN).join(program);
+    let binary = pg_bin().join(program);
     run(
         what,
         Command::new("runuser")
@@ -337,7 +356,7 @@ impl Drop for PrivateCluster {
         if self.started {
             let _ = Command::new("runuser")
                 .args(["-u", PG_OS_USER, "--"])
-                .arg(Path::new(PG_BIN).join("pg_ctl"))
+                .arg(pg_bin().join("pg_ctl"))
                 .args([
                     "-D",
                     self.data.to_str().unwrap_or_default(),

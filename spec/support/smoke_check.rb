@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+# A check for Rubies the RSpec suite cannot run on (tests only): Debian's Ruby 3.4
+# and a Ruby 4.0 built from source have no `pg` gem here, and bin/cross-aarch64
+# runs arm64 Rubies under qemu-user. The library loads, a MasterHub and a
+# HubClient come up, a LISTEN is acked, a NOTIFY sent by psql reaches the client,
+# the census (counted by psql) is 1, and stop unlinks the socket.
+#
+#   ruby -I lib spec/support/smoke_check.rb [PLATFORM-PREFIX]   (default: this machine's)
+require "timeout"
+require "pgbus/hub"
+
+expected_platform = ARGV.fetch(0) { RbConfig::CONFIG["host_cpu"] }
+tag = "pgbus_hub_smoke_#{Process.pid}"
+url = ENV.fetch("PGBUS_HUB_TEST_DATABASE_URL", "postgres://pgbus_hub_test:pgbus-hub@127.0.0.1:5432/pgbus_hub_test")
+tagged = url.include?("://") ? "#{url}#{url.include?('?') ? '&' : '?'}application_name=#{tag}" : "#{url} application_name=#{tag}"
+path = "/tmp/#{tag}.sock"
+psql = ->(sql) { IO.popen(["psql", url, "-Atqc", sql], &:read).strip }
+
+hub = Pgbus::Hub::MasterHub.new(connection: tagged, socket_path: path, channel_prefix: "", channel_suffix: "").start
+# Under emulation the hub's first connection takes seconds; until it is up a
+# sub is acked at once and LISTENed on connect, so a NOTIFY sent before that is lost.
+Timeout.timeout(60) { sleep 0.1 until hub.stats[:listener_healthy] }
+wakes = Queue.new
+client = Pgbus::Hub::HubClient.new(socket_path: path, dispatch_queue: wakes).connect
+listening = client.ensure_listening(tag)
+psql.call("NOTIFY #{tag}, 'from psql'")
+wake = Timeout.timeout(15) { wakes.pop }
+census = psql.call("select count(*) from pg_stat_activity where application_name = '#{tag}'").to_i
+workers = hub.stats[:workers]
+client.stop
+hub.stop
+ok = RUBY_PLATFORM.start_with?(expected_platform) && listening == :done && wake.payload == "from psql" &&
+     census == 1 && workers == 1 && !File.exist?(path)
+puts "smoke check (#{RUBY_PLATFORM}, Ruby #{RUBY_VERSION}): #{$LOADED_FEATURES.grep(/pgbus_hub\.so/).first}, " \
+     "LISTEN #{listening.inspect}, wake #{wake.payload.inspect}, census #{census}, #{workers} worker, " \
+     "socket removed: #{!File.exist?(path)}"
+exit(ok ? 0 : 1)
