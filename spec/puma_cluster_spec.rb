@@ -33,6 +33,8 @@ RSpec.describe "Puma cluster on one LISTEN connection", :puma do
       c.wait_log(/master hub listening at/)
       # The Ruby 3.3 stage runs this file again on a Puma it did not install (8.x): prove which one ran.
       expect(c.log).to include("Puma version: #{ENV['PGBUS_E2E_PUMA_VERSION']}") if ENV["PGBUS_E2E_PUMA_VERSION"]
+      # ...and with PGBUS_E2E_RUBY, on which Ruby.
+      expect(c.log).to include("Ruby version: ruby #{ENV['PGBUS_E2E_RUBY_VERSION']}") if ENV["PGBUS_E2E_RUBY_VERSION"]
       # whichever plugin file Puma loaded, the hub listens before the first worker forks
       c.wait_log(/Worker \d \(PID: \d+\) booted/)
       expect(c.log.index(/master hub started before fork/)).to be < c.log.index(/Worker \d \(PID: \d+\) booted/)
