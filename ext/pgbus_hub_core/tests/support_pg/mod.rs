@@ -35,7 +35,10 @@ pub fn database_url() -> Option<String> {
         .unwrap_or_else(|| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
     match postgres::Client::connect(&url, postgres::NoTls) {
         Ok(_) => Some(url),
-        Err(e) => skip_or_fail(configured.is_some(), &format!("no PostgreSQL at {url} ({e})")),
+        Err(e) => skip_or_fail(
+            configured.is_some(),
+            &format!("no PostgreSQL at {url} ({e})"),
+        ),
     }
 }
 
@@ -48,7 +51,10 @@ pub fn configured_database_url() -> Option<String> {
 
 /// None after saying why the test skips, or a panic when the database was configured.
 pub fn skip_or_fail<T>(configured: bool, why: &str) -> Option<T> {
-    assert!(!configured, "{why} (configured for this run, so this is a failure, not a skip)");
+    assert!(
+        !configured,
+        "{why} (configured for this run, so this is a failure, not a skip)"
+    );
     eprintln!("skipping: {why}");
     None
 }
