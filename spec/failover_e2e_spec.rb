@@ -45,6 +45,9 @@ RSpec.describe "fail-over to a per-worker listener" do
     # the hub's connection is gone, the worker's own listener replaced it
     wait_for("fail-over") { failover.failed_over? && TestDatabase.census == before }
     wait_for("local listener connected") { failover.ensure_listening("fo_b") == :done }
+    # Before any NOTIFY: one durable wake per replayed queue, to re-read what the hub missed.
+    caught_up = Array.new(2) { pop(queue) }.map { |w| [w.queue_name, w.payload] }
+    expect(caught_up).to contain_exactly(["fo_a", nil], ["fo_b", nil])
     TestDatabase.notify("fo_a", "via local")
     TestDatabase.notify("fo_b")
     TestDatabase.notify("fo_c", "not replayed")

@@ -185,6 +185,8 @@ RSpec.describe Pgbus::Hub::MasterHub do
 
       seen << frame["healthy"] if frame["t"] == "status"
     end
+    # Before any NOTIFY: the catch-up wake (durable) for the queue it routes.
+    expect(peer.next_non_status).to eq("t" => "wake", "q" => "survive", "p" => nil)
     TestDatabase.notify("survive", "again")
     expect(peer.next_non_status).to include("p" => "again")
     expect(hub.stats[:reconnects]).to be >= 1

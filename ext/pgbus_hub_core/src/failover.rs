@@ -36,6 +36,7 @@ use crate::listener::{
 };
 use crate::log::LogSink;
 use crate::process::Owner;
+use crate::protocol::{key_channel, Wake};
 use crate::sync::lock;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashSet, VecDeque};
@@ -518,9 +519,22 @@ impl Shared {
             self.replay(engine, &pending);
             replayed.extend(pending);
         }
+        // What the hub would have woken since it failed reached nobody: one
+        // durable wake per subscribed queue, now that this connection LISTENs,
+        // so each is re-read. Raw channels carry only payloads, which are gone.
+        let queues: Vec<&String> = replayed
+            .iter()
+            .filter(|q| key_channel(q).is_none())
+            .collect();
+        for queue in &queues {
+            self.local_wakes
+                .send(Delivery::Wake(Wake::new(queue.as_str(), None::<&str>)));
+        }
         self.log.info(format!(
-            "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed)",
-            replayed.len()
+            "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed, \
+             {} queue(s) woken to re-read what was committed meanwhile)",
+            replayed.len(),
+            queues.len()
         ));
     }
 }

@@ -125,6 +125,14 @@ impl Pump {
         }
     }
 
+    /// The next delivery is a durable wake: its queue.
+    fn expect_durable_wake(&self) -> String {
+        match self.wakes.recv_timeout(Duration::from_secs(5)) {
+            Ok(Delivery::Wake(wake)) if wake.payload.is_none() => wake.queue.to_string(),
+            other => panic!("expected a durable wake, got {other:?}"),
+        }
+    }
+
     fn expect_wake(&self, queue: &str, payload: &str) {
         match self.wakes.recv_timeout(Duration::from_secs(5)) {
             Ok(Delivery::Wake(wake)) => {
@@ -179,13 +187,23 @@ fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
     }
     assert_eq!(listener.ensure_listening(&a), Listened::Done);
     fx.wait_for_census(1); // the local connection now
+                           // With nothing NOTIFYed: a durable wake for each replayed queue (in no
+                           // particular order), so what the hub missed since it failed is re-read.
+    let mut caught_up = vec![pump.expect_durable_wake(), pump.expect_durable_wake()];
+    caught_up.sort();
+    let mut replayed = vec![a.clone(), b.clone()];
+    replayed.sort();
+    assert_eq!(caught_up, replayed);
     fx.notify(&b, "via-local");
     fx.notify(&gone, "unsubscribed");
     fx.notify(&a, "again");
     pump.expect_wake(&b, "via-local");
     pump.expect_wake(&a, "again");
     assert!(pump.wakes.recv_timeout(Duration::from_millis(300)).is_err());
-    assert_eq!(logged(&records, "2 subscription(s) re-LISTENed"), 1);
+    assert_eq!(
+        logged(&records, "2 subscription(s) re-LISTENed, 2 queue(s) woken"),
+        1
+    );
 
     listener.stop();
     fx.wait_for_census(0);

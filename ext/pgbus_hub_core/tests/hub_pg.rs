@@ -470,6 +470,9 @@ fn terminated_backend_reconnects_and_reports_health() {
             None => panic!("hub closed the worker"),
         }
     }
+    // Nothing NOTIFYed: the re-LISTEN alone wakes the subscriber (durable) so
+    // it re-reads what was committed while the hub's connection was down.
+    peer.expect_wake("survive", None);
     fx.notify("survive", "again");
     peer.expect_wake("survive", Some("again"));
     assert!(hub.stats().reconnects >= 1);

@@ -397,6 +397,14 @@ async fn terminated_backend_reconnects_and_relistens() {
     assert_ne!(new_pid, old_pid);
     assert_eq!(engine.stats.reconnects(), 1);
     assert!(engine.stats.last_error().is_some());
+    // With no NOTIFY at all: one durable wake per queue right after the
+    // re-LISTEN, so subscribers re-read what was committed in the gap.
+    for queue in &queues {
+        assert_eq!(
+            engine.next_event().await,
+            Event::Wake(Wake::new(queue.as_str(), None::<&str>))
+        );
+    }
     for queue in &queues {
         notify(&admin, queue, "after").await;
     }
@@ -440,6 +448,8 @@ async fn listen_while_down_is_acked_only_after_reconnect() {
         .unwrap();
     assert_eq!(engine.next_event().await, Event::Healthy(false));
     let mut answer = engine.handle.listen("during");
+    // A broadcast committed while the engine cannot connect: its NOTIFY reaches nobody.
+    notify(&db_admin, "before", "lost in the gap").await;
     // Several reconnect attempts fail meanwhile; the request must stay unanswered.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(answer.try_recv().is_err(), "acked while down");
@@ -457,6 +467,11 @@ async fn listen_while_down_is_acked_only_after_reconnect() {
     assert_eq!(acked, Ok(Ok(())));
     assert!(engine.stats.healthy());
     assert_eq!(engine.stats.reconnects(), 1);
+    // Once LISTENing again, with no further traffic: a durable wake for each
+    // queue of the set (channel order), the one broadcast to in the gap included;
+    // the gap's payload itself is gone.
+    assert_eq!(engine.next_wake().await, ("before".into(), None));
+    assert_eq!(engine.next_wake().await, ("during".into(), None));
     notify(&db_admin, "during", "").await;
     notify(&db_admin, "before", "").await;
     assert_eq!(engine.next_wake().await, ("during".into(), None));

@@ -244,13 +244,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 reply.send(Err(ListenError::Withdrawn { channel }));
             }
         }
-        if self.ever_connected {
-            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-            self.config.log.info(format!(
-                "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed)",
-                self.live.len()
-            ));
-        } else {
+        let reconnected = self.ever_connected;
+        if !reconnected {
             self.config.log.debug(format!(
                 "pgbus-hub listener connected to {} (backend pid {pid})",
                 self.config.connection
@@ -259,6 +254,36 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self.ever_connected = true;
         self.backoff_step = 0;
         self.set_healthy(true);
+        if reconnected {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            let woken = self.catch_up();
+            self.config.log.info(format!(
+                "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed, \
+                 {woken} queues woken to re-read what was committed meanwhile; \
+                 payloads NOTIFYed while disconnected are lost)",
+                self.live.len()
+            ));
+        }
+    }
+
+    /// After a reconnect: one durable wake (no payload) per queue in the listen
+    /// set, so every subscriber re-reads what was committed while nothing
+    /// listened (a NOTIFY sent then reached nobody). Raw channels carry only
+    /// payloads, which are gone: nothing there to re-read. Returns how many.
+    fn catch_up(&mut self) -> usize {
+        let queues: Vec<Arc<str>> = self
+            .channels
+            .values()
+            .filter(|queue| key_channel(queue).is_none())
+            .cloned()
+            .collect();
+        for queue in &queues {
+            (self.on_event)(Event::Wake(Wake {
+                queue: Arc::clone(queue),
+                payload: None,
+            }));
+        }
+        queues.len()
     }
 
     fn handle_down(&mut self, command: Command) {

@@ -1,0 +1,59 @@
+# frozen_string_literal: true
+
+require_relative "support/puma_apps/e2e_helpers"
+
+# A durable broadcast committed while the hub's connection is down reaches
+# nobody (its NOTIFY has no listener). Once the hub LISTENs again, with no
+# further traffic, it wakes every subscribed worker for every queue so each
+# re-reads what was committed meanwhile.
+RSpec.describe "catch-up wakes after the hub's connection comes back", :puma do
+  include PumaE2E
+
+  before { skip "no PostgreSQL at #{PumaCluster::DATABASE_URL}" unless PumaE2E.database_available? }
+  after { stop_clusters }
+
+  def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  it "wakes all 4 workers for a queue broadcast to while the hub could not connect, within 1 s of its re-LISTEN" do
+    c = cluster(mode: :standalone)
+    c.wait_log(/master hub listening at/)
+    stream = unique_stream
+    pids = c.subscribe_all(stream).keys
+    expect(c.census_settles_at(1)).to eq(1)
+    hub_backend = c.hub_info.dig("stats", "backend_pid")
+    expect(hub_backend).to be_a(Integer)
+
+    admin = PG.connect(PumaCluster::DATABASE_URL) # opened before the hold: it outlives it
+    database = admin.quote_ident(admin.exec("select current_database()").getvalue(0, 0))
+    control = PG.connect("#{PumaCluster::DATABASE_URL} dbname=postgres") # a database may not close itself
+    begin
+      # Hold the hub off: this run's database takes no new connection, then its backend goes.
+      control.exec("alter database #{database} allow_connections false")
+      admin.exec_params("select pg_terminate_backend($1)", [hub_backend])
+      c.wait_for("the hub to see its connection gone", timeout: 10) { c.hub_info.dig("stats", "listener_healthy") == false }
+      admin.exec_params("select pg_notify($1, '')", [stream]) # the broadcast nobody hears
+      sleep 0.5
+      expect(pids.select { |pid| c.wakes(pid).include?([stream, nil]) }).to be_empty
+    ensure
+      control.exec("alter database #{database} allow_connections true")
+    end
+
+    c.wait_for("the hub to LISTEN again", timeout: 30) do
+      c.hub_info["stats"].then { |s| s["listener_healthy"] && s["reconnects"] >= 1 && s["backend_pid"] != hub_backend }
+    end
+    # The re-LISTEN's moment on the workers' clock (their wake records are CLOCK_MONOTONIC).
+    relistened_at = c.hub_info.dig("stats", "healthy_since") - (Process.clock_gettime(Process::CLOCK_REALTIME) - monotonic)
+    woken_at = lambda do |pid|
+      c.wake_records(pid).first.find { |queue, payload, _t| queue == stream && payload.nil? }&.last
+    end
+    c.wait_for("every worker woken for #{stream}", timeout: 5) { pids.all?(&woken_at) }
+    delays = pids.to_h { |pid| [pid, (woken_at.call(pid) - relistened_at).round(3)] }
+    expect(delays.values).to all(be <= 1.0), "seconds from the re-LISTEN to each worker's wake: #{delays}"
+    puts "  [catch-up: #{pids.size} workers woken #{delays.values.minmax.join('–')} s after the hub's re-LISTEN]"
+    expect(c.census_settles_at(1)).to eq(1)
+    expect(c.log).to include("queues woken to re-read what was committed meanwhile")
+  ensure
+    admin&.close
+    control&.close
+  end
+end
