@@ -128,6 +128,32 @@ RSpec.describe Pgbus::Hub::HubClient do
     let(:socket_path) { File.join(@dir, "hub.sock") }
     let!(:hub) { HubProcess.new(socket_path).tap { |h| later { h.stop } } }
 
+    # pgbus bounds its dispatch queue (streams_dispatch_queue_limit): while the app
+    # does not drain it, the pump thread blocks in `<<`. Each sub then reads the
+    # hub's answer itself, past ack_timeout, and no wake is lost.
+    it "acks new subs while a full dispatch queue blocks the pump for longer than ack_timeout, and loses no wake" do
+      queue = SizedQueue.new(1)
+      failed = false
+      c = client(socket_path, queue: queue, ack_timeout: 1.0, on_failure: -> { failed = true }).connect
+      expect(c.ensure_listening("stall")).to eq(:done)
+      3.times { |i| TestDatabase.notify("stall", "s#{i}") }
+      # The first wake fills the queue; the pump blocks pushing the second.
+      wait_for("the pump blocked on the full queue") { queue.size == 1 && queue.num_waiting == 1 }
+      stalled_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      results = Array.new(10) do |i|
+        sleep 0.2
+        c.ensure_listening("stall_new_#{i}")
+      end
+      expect(results).to all(eq(:done))
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - stalled_at).to be > 1.0 # longer than ack_timeout
+      expect(queue.num_waiting).to eq(1) # still blocked: nobody popped
+      expect(failed).to be(false)
+      expect(c).not_to be_dead
+      TestDatabase.notify("stall_new_9", "after")
+      expect(Array.new(4) { pop(queue) }.map { |w| [w.queue_name, w.payload] })
+        .to eq([%w[stall s0], %w[stall s1], %w[stall s2], %w[stall_new_9 after]])
+    end
+
     it "delivers durable and ephemeral wakes in order" do
       queue = Queue.new
       c = client(socket_path, queue: queue).connect

@@ -47,16 +47,27 @@ else
   end
   listeners = {}
   lock = Mutex.new
+  # PGBUS_E2E_DISPATCH_LIMIT bounds the dispatch queue as pgbus's
+  # streams_dispatch_queue_limit does; `stall` pauses the app's consumer of it.
+  limit = ENV["PGBUS_E2E_DISPATCH_LIMIT"]
+  stalled_until = 0.0
   subscribe = lambda do |queue|
     listener = lock.synchronize do
       listeners[Process.pid] ||= begin
-        wakes = Queue.new
-        Thread.new { loop { m = wakes.pop; record.call(m.queue_name, m.payload) } }
+        wakes = limit ? SizedQueue.new(Integer(limit)) : Queue.new
+        Thread.new do
+          loop do
+            sleep 0.01 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < stalled_until
+            m = wakes.pop
+            record.call(m.queue_name, m.payload)
+          end
+        end
         Pgbus::Hub.listener(dispatch_queue: wakes)
       end
     end
     [listener.class.name, listener.ensure_listening(queue)]
   end
+  stall = ->(seconds) { stalled_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds }
 end
 
 run lambda { |env|
@@ -68,9 +79,19 @@ run lambda { |env|
              listener, result = subscribe.call(queue)
              append.call("subs", [queue, result.to_s])
            end
+           # stall=S (standalone): the app stops draining its wakes for S seconds, from now.
+           stall.call(Float(req.params["stall"])) if req.params["stall"]
            background = req.params.fetch("bg", "").split(",")
            unless background.empty?
-             Thread.new { background.each { |queue| append.call("subs", [queue, subscribe.call(queue).last.to_s]) } }
+             delay = Float(req.params.fetch("bg_after", "0"))
+             Thread.new do
+               sleep delay
+               background.each do |queue|
+                 started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+                 result = subscribe.call(queue).last.to_s
+                 append.call("subs", [queue, result, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started])
+               end
+             end
            end
            sleep Float(req.params.fetch("hold", "0"))
            { pid: Process.pid, listener: listener, result: result }

@@ -15,7 +15,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, TryLockError};
 use std::time::{Duration, Instant};
 
 /// An eventfd that makes the driven reader's poll return. Level-triggered
@@ -51,14 +51,12 @@ pub struct DrivenReader {
     // ManuallyDrop: in a forked child these are leaked (see Drop).
     pub(super) inner: ManuallyDrop<Arc<Inner>>,
     pub(super) receiver: ManuallyDrop<DeliveryReceiver>,
-    /// Partial frames carry over between reads.
-    pub(super) decoder: Mutex<Decoder>,
     pub(super) wakeup: Wakeup,
     pub(super) owner: Owner,
 }
 
 /// What one wait on the socket ended with.
-enum Ready {
+pub(super) enum Ready {
     Read(io::Result<usize>),
     Interrupted,
     TimedOut,
@@ -73,25 +71,64 @@ enum Step {
     Died(String),
 }
 
-impl DrivenReader {
-    /// Polls the socket and `wakeup` for at most `timeout`, then reads what
-    /// is there. The socket stays read-locked throughout, so `stop` cannot
-    /// close (and the kernel reuse) the fd under the poll; its shutdown(2)
-    /// ends the poll at once.
-    fn wait_and_read(&self, decoder: &mut Decoder, timeout: Duration) -> Ready {
-        let inner = &**self.inner;
-        let socket = read(&inner.socket);
+impl Inner {
+    /// Polls the socket (and `wakeup`, if any) for at most `timeout`, then
+    /// reads what is there. The socket stays read-locked throughout, so `stop`
+    /// cannot close (and the kernel reuse) the fd under the poll; its
+    /// shutdown(2) ends the poll at once.
+    fn wait_and_read(
+        &self,
+        decoder: &mut Decoder,
+        wakeup: Option<&Wakeup>,
+        timeout: Duration,
+    ) -> Ready {
+        let socket = read(&self.socket);
         let Some(socket) = socket
             .as_ref()
-            .filter(|_| !inner.dead.load(Ordering::Acquire))
+            .filter(|_| !self.dead.load(Ordering::Acquire))
         else {
             return Ready::Closed;
         };
-        match socket.wait_readable(self.wakeup.0.as_fd(), timeout) {
+        match socket.wait_readable(wakeup.map(|w| w.0.as_fd()), timeout) {
             Readiness::TimedOut => Ready::TimedOut,
             Readiness::Signalled => Ready::Interrupted,
             Readiness::Readable => Ready::Read(socket.read_into(decoder)),
         }
+    }
+
+    /// Hands the client every whole frame one read brought (a death is
+    /// recorded, and queues `Failed`); nothing once the client is dead or
+    /// stopped.
+    fn take_read(&self, decoder: &mut Decoder, read: io::Result<usize>) {
+        if self.dead.load(Ordering::Acquire) {
+            return;
+        }
+        let step = panic::catch_unwind(AssertUnwindSafe(|| absorb(self, decoder, read)))
+            .unwrap_or_else(|panic| Step::Died(crash_reason(panic)));
+        if let Step::Died(reason) = step {
+            self.mark_dead(reason);
+        }
+    }
+
+    /// A sub waiting for its ack reads the socket itself, for at most
+    /// `timeout`, when the pump is not reading it (it is busy in the app,
+    /// e.g. blocked on a full dispatch queue): acks then never wait behind
+    /// the app. Wakes read here wait in the delivery channel, in order, for
+    /// the pump's next `next_batch`. The pump's wake-up is not watched here:
+    /// an interrupted pump gets the socket back within `timeout`.
+    /// True when this thread was the reader (it waited on the socket itself).
+    pub(super) fn read_for_waiter(&self, timeout: Duration) -> bool {
+        let mut decoder = match self.reading.try_lock() {
+            Ok(decoder) => decoder,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false, // the pump is reading
+        };
+        match self.wait_and_read(&mut decoder, None, timeout) {
+            Ready::Read(read) => self.take_read(&mut decoder, read),
+            Ready::TimedOut => {}
+            Ready::Interrupted | Ready::Closed => return false,
+        }
+        true
     }
 }
 
@@ -150,7 +187,8 @@ impl WakeSource for DrivenReader {
         }
         // None past Instant's range (e.g. Duration::MAX): each wait gets `timeout`.
         let deadline = Instant::now().checked_add(timeout);
-        let mut decoder = lock(&self.decoder);
+        let inner = &**self.inner;
+        let mut decoder = lock(&inner.reading);
         loop {
             let mut batch = Batch::default();
             self.receiver.take_ready(&mut batch, max);
@@ -158,19 +196,9 @@ impl WakeSource for DrivenReader {
                 return batch;
             }
             let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
-            let inner = &**self.inner;
-            match self.wait_and_read(&mut decoder, left) {
-                Ready::Read(read) => {
-                    if inner.dead.load(Ordering::Acquire) {
-                        continue; // the next wait reports Closed
-                    }
-                    let step =
-                        panic::catch_unwind(AssertUnwindSafe(|| absorb(inner, &mut decoder, read)))
-                            .unwrap_or_else(|panic| Step::Died(crash_reason(panic)));
-                    if let Step::Died(reason) = step {
-                        inner.mark_dead(reason); // queues `Failed` for the next pass
-                    }
-                }
+            match inner.wait_and_read(&mut decoder, Some(&self.wakeup), left) {
+                // A death queues `Failed` for the next pass; once dead, the next wait reports Closed.
+                Ready::Read(read) => inner.take_read(&mut decoder, read),
                 Ready::Interrupted => {
                     self.wakeup.clear();
                     batch.interrupted = true;

@@ -10,9 +10,10 @@
 //! itself. A wake costs one thread wake-up instead of two (a reader thread,
 //! then the pump thread), and a Ruby process that stops draining its wakes
 //! pushes back on the hub (drops, then eviction) instead of growing an
-//! in-process queue. Acks are resolved inside the same wait, so they need the
-//! pump thread to be running: a pump stuck in Ruby for longer than
-//! `ack_timeout` makes `ensure_listening` time out (and fail over).
+//! in-process queue. Acks are resolved inside the same wait; while the pump
+//! is away in the app (blocked on a full dispatch queue), a sub waiting for
+//! its ack reads the socket itself ([`Inner::read_for_waiter`]), so acks never
+//! wait behind the app and a busy worker does not fail over.
 //!
 //! Files: this one holds the API and the failure model; [`waiters`] the subs
 //! awaiting the hub's answer; [`driven`] the reading side; [`stats`] an
@@ -48,7 +49,7 @@ pub use stats::{request_stats, StatsError};
 use crate::delivery::{self, Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::process::Owner;
-use crate::protocol::Message;
+use crate::protocol::{Decoder, Message};
 use crate::sync::{lock, read};
 use crate::transport::socket::{ClientSocket, ConnectError, WriteError};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -87,6 +88,11 @@ pub const STOP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// subscribing during an outage stays far below 100 ms and far below
 /// `ack_timeout` (seconds), which is for a hub that is gone or wedged.
 pub const UNHEALTHY_ACK_GRACE: Duration = Duration::from_millis(50);
+
+/// How long a sub waiting for its ack polls the socket (or waits for the
+/// pump's answer) at a time: the pump gets the socket back within this once
+/// it returns from the app, and a waiter notices a cancel within it.
+const ACK_READ_SLICE: Duration = Duration::from_millis(10);
 
 const LOG_PREFIX: &str = "[pgbus-hub] HubClient:";
 
@@ -186,6 +192,10 @@ struct Inner {
     state: Mutex<State>,
     /// Mirrors `state.dead_reason.is_some()` for lock-free reads.
     dead: AtomicBool,
+    /// Whoever reads the socket holds this: the pump's `next_batch`, or a sub
+    /// waiting for its ack while the pump is away ([`Inner::read_for_waiter`]).
+    /// Partial frames carry over between reads.
+    reading: Mutex<Decoder>,
     healthy: AtomicBool,
     /// Set when a sub returned `AfterReconnect` (and logged), cleared when the
     /// hub is healthy again: one WARN per outage.
@@ -237,7 +247,6 @@ impl HubClient {
         let reader = DrivenReader {
             inner: ManuallyDrop::new(Arc::clone(&inner)),
             receiver: ManuallyDrop::new(receiver),
-            decoder: Mutex::default(),
             wakeup,
             owner,
         };
@@ -305,16 +314,34 @@ impl HubClient {
         } else {
             inner.ack_timeout
         };
-        let received = crossbeam_channel::select! {
-            recv(outcome) -> result => result.map_err(|_| RecvTimeoutError::Disconnected),
-            recv(cancel) -> _ => {
-                if inner.discard_waiter(queue, id) {
-                    return Ok(Listening::Interrupted);
+        // The pump resolves acks while it reads; when it is away in the app
+        // (a full dispatch queue), this thread reads for it, in slices.
+        let deadline = Instant::now() + budget;
+        let received = loop {
+            let slice = ACK_READ_SLICE.min(deadline.saturating_duration_since(Instant::now()));
+            // Having read (an ack, or another frame first), look again at once;
+            // while the pump reads, wait for its answer.
+            let wait = if inner.read_for_waiter(slice) {
+                Duration::ZERO
+            } else {
+                slice
+            };
+            let got = crossbeam_channel::select! {
+                recv(outcome) -> result => Some(result.map_err(|_| RecvTimeoutError::Disconnected)),
+                recv(cancel) -> _ => {
+                    if inner.discard_waiter(queue, id) {
+                        return Ok(Listening::Interrupted);
+                    }
+                    // Already answered under the state lock: the outcome is in the channel.
+                    Some(outcome.try_recv().map_err(|_| RecvTimeoutError::Disconnected))
                 }
-                // Already answered under the state lock: the outcome is in the channel.
-                outcome.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+                default(wait) => None,
+            };
+            match got {
+                Some(got) => break got,
+                None if Instant::now() >= deadline => break Err(RecvTimeoutError::Timeout),
+                None => {}
             }
-            default(budget) => Err(RecvTimeoutError::Timeout),
         };
         let result = match received {
             Ok(result) => result,
@@ -477,6 +504,7 @@ impl Inner {
             write_lock: Mutex::new(()),
             state: Mutex::new(State::default()),
             dead: AtomicBool::new(false),
+            reading: Mutex::default(),
             healthy: AtomicBool::new(true),
             outage_logged: AtomicBool::new(false),
         }))

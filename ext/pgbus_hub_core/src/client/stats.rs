@@ -81,9 +81,6 @@ pub fn request_stats(
     socket
         .write_frame(&frame, Some(deadline), cancel)
         .map_err(|_| closed())?;
-    // Never signalled: the waits below end by their own timeout.
-    let never = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
-        .map_err(|e| unreachable(e.to_string()))?;
     let mut decoder = Decoder::default();
     loop {
         while let Some(message) = decoder.next_message().map_err(|_| closed())? {
@@ -106,8 +103,7 @@ pub fn request_stats(
         if cancel.try_recv().is_ok() {
             return Err(StatsError::Interrupted);
         }
-        use std::os::fd::AsFd;
-        if socket.wait_readable(never.as_fd(), left.min(CANCEL_CHECK)) == Readiness::Readable {
+        if socket.wait_readable(None, left.min(CANCEL_CHECK)) == Readiness::Readable {
             match socket.read_into(&mut decoder) {
                 Ok(0) => return Err(closed()),
                 Ok(_) => {}

@@ -107,16 +107,16 @@ impl ClientSocket {
     }
 
     /// Waits at most `timeout` (None past `Timespec`'s range: no limit) until
-    /// the socket has something to read or `signal` is readable.
-    pub fn wait_readable(&self, signal: BorrowedFd<'_>, timeout: Duration) -> Readiness {
-        let mut fds = [
-            PollFd::new(&self.stream, PollFlags::IN),
-            PollFd::from_borrowed_fd(signal, PollFlags::IN),
-        ];
+    /// the socket has something to read or `signal`, if any, is readable.
+    pub fn wait_readable(&self, signal: Option<BorrowedFd<'_>>, timeout: Duration) -> Readiness {
+        let mut fds = [PollFd::new(&self.stream, PollFlags::IN)]
+            .into_iter()
+            .chain(signal.map(|signal| PollFd::from_borrowed_fd(signal, PollFlags::IN)))
+            .collect::<Vec<_>>();
         let timeout = Timespec::try_from(timeout).ok();
         match poll(&mut fds, timeout.as_ref()) {
             Ok(0) => Readiness::TimedOut,
-            Ok(_) if !fds[1].revents().is_empty() => Readiness::Signalled,
+            Ok(_) if fds.get(1).is_some_and(|fd| !fd.revents().is_empty()) => Readiness::Signalled,
             // Readable, or EINTR and the like: the non-blocking read tells.
             _ => Readiness::Readable,
         }
