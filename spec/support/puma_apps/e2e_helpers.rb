@@ -34,6 +34,9 @@ module PumaE2E
     @clusters = []
   end
 
+  # The clock the apps' wake and sub records use.
+  def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
   def unique_stream
     "e2e_#{Process.pid}_#{rand(1 << 30).to_s(36)}"
   end
