@@ -56,7 +56,7 @@ pub struct DrivenReader {
 }
 
 /// What one wait on the socket ended with.
-pub(super) enum Ready {
+enum Ready {
     Read(io::Result<usize>),
     Interrupted,
     TimedOut,
