@@ -109,12 +109,15 @@ impl ClientSocket {
     /// Waits at most `timeout` (None past `Timespec`'s range: no limit) until
     /// the socket has something to read or `signal`, if any, is readable.
     pub fn wait_readable(&self, signal: Option<BorrowedFd<'_>>, timeout: Duration) -> Readiness {
-        let mut fds = [PollFd::new(&self.stream, PollFlags::IN)]
-            .into_iter()
-            .chain(signal.map(|signal| PollFd::from_borrowed_fd(signal, PollFlags::IN)))
-            .collect::<Vec<_>>();
+        // On the stack: the pump polls once per wait.
+        let socket = PollFd::new(&self.stream, PollFlags::IN);
+        let mut fds = match signal {
+            Some(signal) => [socket, PollFd::from_borrowed_fd(signal, PollFlags::IN)],
+            None => [socket.clone(), socket],
+        };
+        let fds = &mut fds[..if signal.is_some() { 2 } else { 1 }];
         let timeout = Timespec::try_from(timeout).ok();
-        match poll(&mut fds, timeout.as_ref()) {
+        match poll(fds, timeout.as_ref()) {
             Ok(0) => Readiness::TimedOut,
             Ok(_) if fds.get(1).is_some_and(|fd| !fd.revents().is_empty()) => Readiness::Signalled,
             // Readable, or EINTR and the like: the non-blocking read tells.
