@@ -479,6 +479,52 @@ fn terminated_backend_reconnects_and_reports_health() {
 }
 
 #[test]
+fn catch_up_reaches_every_queue_past_the_durable_limit() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut config = fx.config("catch-up");
+    config.durable_queue_limit = 16;
+    let hub = MasterHub::start(config).unwrap();
+    let mut peer = Peer::connect(&hub);
+    let queues: Vec<String> = (0..2000).map(|i| format!("catch_up_{i}")).collect();
+    for queue in &queues {
+        peer.subscribe(queue);
+    }
+    let pid = hub.stats().backend.expect("the hub's backend").pid as i32;
+    fx.sql
+        .execute("select pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    // The peer reads nothing until the hub is LISTENing again, so every
+    // catch-up wake is owed at once: 125 times the durable limit.
+    wait_until("re-LISTENed", || {
+        let stats = hub.stats();
+        stats.reconnects >= 1 && stats.listener_healthy
+    });
+    fx.notify("catch_up_0", "live");
+    let mut owed: std::collections::HashSet<String> = queues.iter().cloned().collect();
+    let mut live = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !owed.is_empty() || !live {
+        assert!(
+            Instant::now() < deadline,
+            "{} catch-up wakes never came",
+            owed.len()
+        );
+        // Status frames come every 200 ms: read them here, under the deadline.
+        match peer.next() {
+            Some(Message::Status { .. }) => {}
+            Some(Message::Wake(wake)) if wake.payload.as_deref() == Some("live") => live = true,
+            Some(Message::Wake(wake)) => {
+                assert!(wake.payload.is_none(), "{wake:?}");
+                assert!(owed.remove(&*wake.queue), "woken twice: {wake:?}");
+            }
+            other => panic!("{} catch-up wakes still owed, got {other:?}", owed.len()),
+        }
+    }
+    assert_eq!(hub.stats().dropped_durable_wakes, 0);
+    assert_eq!(hub.stats().evicted_workers, 0);
+}
+
+#[test]
 fn bad_input_closes_only_that_connection() {
     let Some(mut fx) = Fixture::new() else { return };
     let hub = MasterHub::start(fx.config("bad")).unwrap();

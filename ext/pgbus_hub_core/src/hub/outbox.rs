@@ -9,6 +9,13 @@
 //! `hard_queue_limit` queued frames the worker is evicted (its client fails
 //! over to a connection of its own), so one stuck worker never grows the
 //! master's memory or slows the others.
+//!
+//! Catch-up wakes (one per subscribed queue after the listener reconnects)
+//! are neither: they wait in a queue of their own, sent only when no live
+//! frame is waiting, never dropped and never counted towards eviction. They
+//! are bounded by the worker's subscriptions, and a hub with 50k queues can
+//! owe them all without starving live wakes or losing the catch-up to the
+//! durable limit.
 
 use super::worker::Worker;
 use crate::log::LogSink;
@@ -35,19 +42,23 @@ pub enum Enqueued {
     Closed,
 }
 
-/// One worker's queued frames, in order, each marked droppable or not.
+/// One worker's queued frames, in order, each marked droppable or not, and
+/// the catch-up wakes it is owed.
 #[derive(Default)]
 pub struct Outbox {
     frames: VecDeque<(Frame, bool)>,
     durable: usize,
+    catch_up: VecDeque<Frame>,
     pub closed: bool,
     /// Set (under this lock) before the reader drops its half: from then on the fd may be reused.
     pub fd_released: bool,
 }
 
 impl Outbox {
-    /// Moves up to `max` frames, oldest first, into `batch` (the writer's).
-    pub fn take(&mut self, batch: &mut Vec<Frame>, max: usize) {
+    /// Moves up to `max` frames, oldest first, into `batch` (the writer's);
+    /// catch-up wakes only once no live frame is left, and only up to
+    /// `catch_up_max` of them (the writer paces them, see `worker::write_loop`).
+    pub fn take(&mut self, batch: &mut Vec<Frame>, max: usize, catch_up_max: usize) {
         while batch.len() < max {
             let Some((frame, droppable)) = self.frames.pop_front() else {
                 break;
@@ -55,11 +66,24 @@ impl Outbox {
             self.durable -= usize::from(droppable);
             batch.push(frame);
         }
+        let catch_up_end = batch.len().saturating_add(catch_up_max).min(max);
+        while batch.len() < catch_up_end {
+            let Some(frame) = self.catch_up.pop_front() else {
+                break;
+            };
+            batch.push(frame);
+        }
+    }
+
+    /// Catch-up wakes still owed.
+    pub fn owes_catch_up(&self) -> bool {
+        !self.catch_up.is_empty()
     }
 
     pub fn clear(&mut self) {
         self.frames.clear();
         self.durable = 0;
+        self.catch_up.clear();
     }
 
     #[cfg(test)]
@@ -127,11 +151,61 @@ impl Backpressure {
         Enqueued::Queued
     }
 
+    /// Owes `worker` these catch-up wakes, replacing any it was still owed
+    /// (a newer reconnect's set supersedes an older one).
+    pub fn owe_catch_up(&self, worker: &Worker, frames: Vec<Frame>) -> Enqueued {
+        let mut outbox = worker.outbox();
+        if outbox.closed {
+            return Enqueued::Closed;
+        }
+        outbox.catch_up = frames.into();
+        drop(outbox);
+        worker.frames_ready();
+        Enqueued::Queued
+    }
+
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &'static str) -> Frame {
+        Frame::from_static(name.as_bytes())
+    }
+
+    #[test]
+    fn catch_up_waits_behind_live_frames_even_ones_queued_after_it() {
+        let mut outbox = Outbox::default();
+        outbox.frames.push_back((frame("live-1"), false));
+        outbox.catch_up = ["up-1", "up-2", "up-3"].map(frame).into();
+        let mut batch = Vec::new();
+        outbox.take(&mut batch, 2, 8);
+        assert_eq!(batch, [frame("live-1"), frame("up-1")]);
+        outbox.frames.push_back((frame("live-2"), true));
+        outbox.durable += 1;
+        batch.clear();
+        outbox.take(&mut batch, 8, 0);
+        assert_eq!(
+            batch,
+            [frame("live-2")],
+            "no catch-up while the writer paces it"
+        );
+        assert_eq!(outbox.durable, 0);
+        batch.clear();
+        outbox.take(&mut batch, 8, 1);
+        assert_eq!(batch, [frame("up-2")]);
+        assert!(outbox.owes_catch_up());
+        batch.clear();
+        outbox.take(&mut batch, 8, 8);
+        assert_eq!(batch, [frame("up-3")]);
+        assert!(!outbox.owes_catch_up());
     }
 }

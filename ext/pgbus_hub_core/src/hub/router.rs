@@ -223,6 +223,7 @@ impl Router {
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Wake(wake) => self.deliver(wake),
+            Event::CatchUp(queues) => self.catch_up(queues),
             Event::Healthy(healthy) => {
                 if self.shared.healthy.swap(healthy, Ordering::Relaxed) != healthy {
                     self.broadcast_status();
@@ -459,19 +460,47 @@ impl Router {
         if workers.peek().is_none() {
             return;
         }
-        let frame = match wake.encode() {
-            Ok(frame) => frame,
-            Err(e) => {
-                return self
-                    .shared
-                    .log
-                    .error(format!("cannot encode a wake frame: {e}"))
-            }
+        let Some(frame) = self.encode(&wake) else {
+            return;
         };
         for worker in workers {
             self.shared
                 .backpressure
                 .offer(worker, frame.clone(), wake.is_droppable());
+        }
+    }
+
+    /// The wake's one frame, shared by every worker it goes to; None (logged) if it cannot be encoded.
+    fn encode(&self, wake: &Wake) -> Option<Frame> {
+        wake.encode()
+            .map_err(|e| {
+                self.shared
+                    .log
+                    .error(format!("cannot encode a wake frame: {e}"));
+            })
+            .ok()
+    }
+
+    /// One durable wake per queue to each of its subscribers, owed in their
+    /// outboxes behind live wakes (see [`super::outbox`]); each frame encoded once.
+    fn catch_up(&self, queues: Vec<Arc<str>>) {
+        let mut owed: HashMap<WorkerId, Vec<Frame>> = HashMap::new();
+        for queue in queues {
+            let mut workers = self.registry.workers_for(&queue).peekable();
+            if workers.peek().is_none() {
+                continue;
+            }
+            let Some(frame) = self.encode(&Wake::durable(queue)) else {
+                return;
+            };
+            for id in workers {
+                owed.entry(id).or_default().push(frame.clone());
+            }
+        }
+        for (id, frames) in owed {
+            if let Some(worker) = self.workers.get(&id) {
+                self.shared.backpressure.owe_catch_up(worker, frames);
+            }
         }
     }
 

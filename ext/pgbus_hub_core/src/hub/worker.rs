@@ -23,6 +23,19 @@ pub use super::registry::WorkerId;
 /// wakes per writev(2), so a backlog drains in few syscalls.
 const FRAMES_PER_BATCH: usize = 256;
 
+/// Catch-up wakes are written only while the worker has less than this unread
+/// (SIOCOUTQ, kernel overhead included): enough that it never waits for them,
+/// little enough that a live wake queued behind them waits at most a few
+/// hundred frames (a hub owing 50k catch-up wakes once let a live wake wait
+/// 40 ms behind a full socket buffer of them).
+const CATCH_UP_UNREAD_LIMIT: usize = 16 * 1024;
+
+/// How soon a writer with catch-up owed, but a worker still reading the last
+/// of them, looks again (a live frame wakes it at once): 1 ms, doubling to
+/// 64 ms while the worker reads nothing, so a stalled one costs little.
+const CATCH_UP_POLL_FIRST: Duration = Duration::from_millis(1);
+const CATCH_UP_POLL_MAX: Duration = Duration::from_millis(64);
+
 /// A peer that starts a frame must finish it within this time; half a frame
 /// then silence is an attack or a dead peer, not a slow worker.
 const FRAME_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,20 +132,31 @@ impl Worker {
 
 async fn write_loop(worker: Arc<Worker>, mut writer: FrameWriter, shared: Arc<Shared>) {
     let mut batch = Vec::with_capacity(FRAMES_PER_BATCH);
+    let mut catch_up_poll = CATCH_UP_POLL_FIRST;
     loop {
         batch.clear();
-        let closed = {
+        let catch_up_room = match writer.unread_bytes() {
+            Some(unread) if unread >= CATCH_UP_UNREAD_LIMIT => 0,
+            _ => FRAMES_PER_BATCH,
+        };
+        let (closed, owed) = {
             let mut outbox = worker.outbox();
-            outbox.take(&mut batch, FRAMES_PER_BATCH);
-            outbox.closed
+            outbox.take(&mut batch, FRAMES_PER_BATCH, catch_up_room);
+            (outbox.closed, outbox.owes_catch_up())
         };
         if closed {
             break;
         }
         if batch.is_empty() {
-            worker.ready.notified().await;
+            if owed {
+                let _ = tokio::time::timeout(catch_up_poll, worker.ready.notified()).await;
+                catch_up_poll = (catch_up_poll * 2).min(CATCH_UP_POLL_MAX);
+            } else {
+                worker.ready.notified().await;
+            }
             continue;
         }
+        catch_up_poll = CATCH_UP_POLL_FIRST;
         if writer.write_frames(&batch).await.is_err() {
             break; // EPIPE/ECONNRESET: the reader sees it too and cleans up.
         }

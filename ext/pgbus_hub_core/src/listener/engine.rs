@@ -266,10 +266,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    /// After a reconnect: one durable wake (no payload) per queue in the listen
-    /// set, so every subscriber re-reads what was committed while nothing
-    /// listened (a NOTIFY sent then reached nobody). Raw channels carry only
-    /// payloads, which are gone: nothing there to re-read. Returns how many.
+    /// After a reconnect: a durable wake (no payload) owed to every queue in
+    /// the listen set ([`Event::CatchUp`]), so every subscriber re-reads what
+    /// was committed while nothing listened (a NOTIFY sent then reached
+    /// nobody). Raw channels carry only payloads, which are gone: nothing
+    /// there to re-read. Returns how many.
     fn catch_up(&mut self) -> usize {
         let queues: Vec<Arc<str>> = self
             .channels
@@ -277,13 +278,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             .filter(|queue| key_channel(queue).is_none())
             .cloned()
             .collect();
-        for queue in &queues {
-            (self.on_event)(Event::Wake(Wake {
-                queue: Arc::clone(queue),
-                payload: None,
-            }));
+        let woken = queues.len();
+        if woken > 0 {
+            (self.on_event)(Event::CatchUp(queues));
         }
-        queues.len()
+        woken
     }
 
     fn handle_down(&mut self, command: Command) {

@@ -115,6 +115,12 @@ pub enum Event {
     Wake(Wake),
     /// The connection went down (false) or is up with every channel re-LISTENed (true).
     Healthy(bool),
+    /// Right after a reconnect's `Healthy(true)`: every queue of the listen set
+    /// (raw channels excepted), each owed one durable wake so its subscribers
+    /// re-read what was committed while nothing listened. One event, not a
+    /// wake per queue, so a hub can pace tens of thousands of them behind
+    /// live wakes instead of dropping them as backpressure.
+    CatchUp(Vec<Arc<str>>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

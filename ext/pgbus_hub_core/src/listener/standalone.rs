@@ -9,6 +9,7 @@ use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerS
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::process::Owner;
+use crate::protocol::Wake;
 use crate::sync::lock;
 
 /// How long `stop` waits for the thread (the engine's own shutdown is
@@ -51,6 +52,11 @@ impl StandaloneListener {
             spawn(config, move |event| match event {
                 Event::Wake(wake) => {
                     deliveries.send(Delivery::Wake(wake));
+                }
+                Event::CatchUp(queues) => {
+                    for queue in queues {
+                        deliveries.send(Delivery::Wake(Wake::durable(queue)));
+                    }
                 }
                 Event::Healthy(healthy) => events_log.info(format!(
                     "pgbus-hub fallback listener is {}",

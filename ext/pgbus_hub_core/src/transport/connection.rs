@@ -81,6 +81,18 @@ impl FrameWriter {
         Self { write }
     }
 
+    /// Bytes written that the peer has not read yet (SIOCOUTQ: a Unix stream
+    /// socket's data waits in the peer's receive queue, charged to ours, with
+    /// the kernel's per-buffer overhead). None if the kernel does not say.
+    pub fn unread_bytes(&self) -> Option<usize> {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.write.as_ref());
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int through the pointer,
+        // which points at a live local; `fd` is open, `self.write` holds it.
+        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+        (rc == 0).then(|| usize::try_from(queued).unwrap_or(0))
+    }
+
     /// Writes every frame, in order, sending the shared bytes as they are.
     pub async fn write_frames(&mut self, frames: &[Frame]) -> io::Result<()> {
         let (mut first, mut offset) = (0, 0);
