@@ -11,7 +11,9 @@
 # interleaved round by round. Prints one table, writes tmp/bench/latest.json.
 #
 # Env: PGBUS_HUB_TEST_DATABASE_URL (default host=/var/run/postgresql dbname=pgbus_hub_test),
-#      BENCH_ROUNDS (default 2), BENCH_SAMPLES (wake probes per cell per round, default 100).
+#      BENCH_ROUNDS (default 2), BENCH_SAMPLES (wake probes per cell per round, default 100),
+#      BENCH_ONLY=floor,wake,sub_ack,burst8,fanout32,footprint,isolation,scale (a subset),
+#      BENCH_SCALE=0 (skip the busy-host figures) and BENCH_SCALE_* (benchmarks/scale.rb).
 
 require "json"
 require "pg"
@@ -23,6 +25,7 @@ require "pgbus/hub"
 require_relative "baselines/direct"
 require_relative "baselines/ruby_hub"
 require_relative "lib/worker"
+require_relative "scale"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
@@ -35,6 +38,10 @@ module Bench
   TIMEOUT = 30 # seconds: any single wait on a child
 
   module_function
+
+  # Subscriptions answered nil (LISTEN not confirmed in time), by figure:
+  # reported in the table (target 0) rather than aborting the run.
+  def unconfirmed = (@unconfirmed ||= Hash.new(0))
 
   def now_ns = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
   def loadavg = File.read("/proc/loadavg").split.first(3).join(" ")
@@ -105,12 +112,12 @@ module Bench
   class Hub
     attr_reader :pid, :mode, :socket
 
-    def initialize(mode, dir)
+    def initialize(mode, dir, url: URL)
       @mode = mode
       @socket = File.join(dir, "#{mode}-#{rand(1 << 30)}.sock")
       script = mode == "ruby-hub" ? "baselines/ruby_hub.rb" : "lib/native_hub_process.rb"
       @io = IO.popen([RbConfig.ruby, "-I", File.join(ROOT, "lib"), File.join(__dir__, script),
-                      @socket, URL, HEALTH_MS.to_s], "r+")
+                      @socket, url, HEALTH_MS.to_s], "r+")
       @pid = @io.pid
       raise "#{mode} hub did not start" unless @io.wait_readable(TIMEOUT) && @io.gets&.strip == "ready"
     end
@@ -139,19 +146,26 @@ module Bench
   class Worker
     attr_reader :pid
 
-    def initialize(mode, socket, queues)
+    def initialize(mode, socket, queues, url: URL)
+      @mode = mode
       ctl_r, @ctl = IO.pipe
       @out, out_w = IO.pipe
       @pid = fork do
         @ctl.close
         @out.close
-        BenchWorker.run(mode: mode, url: URL, socket: socket, queues: queues, ctl: ctl_r, out: out_w)
+        BenchWorker.run(mode: mode, url: url, socket: socket, queues: queues, ctl: ctl_r, out: out_w)
       end
       ctl_r.close
       out_w.close
     end
 
-    def await_ready = expect("ready")
+    # "ready N": N subscriptions answered nil (not confirmed in time), added to Bench.unconfirmed.
+    def await_ready
+      line = read.strip
+      raise "worker #{@pid}: expected ready, got #{line}" unless line.start_with?("ready")
+
+      Bench.unconfirmed["startup #{@mode}"] += line.split[1].to_i
+    end
 
     def cmd(line)
       @ctl.puts(line)
@@ -160,8 +174,8 @@ module Bench
 
     def send_only(line) = @ctl.puts(line)
 
-    def read
-      raise "worker #{@pid}: no answer within #{TIMEOUT}s" unless @out.wait_readable(TIMEOUT)
+    def read(timeout = TIMEOUT)
+      raise "worker #{@pid}: no answer within #{timeout}s" unless @out.wait_readable(timeout)
 
       line = @out.gets or raise "worker #{@pid} exited"
       raise "worker #{@pid}: #{line}" if line.start_with?("error")
@@ -191,19 +205,19 @@ module Bench
     end
   end
 
-  def spawn_workers(mode, n, socket, queues)
-    workers = Array.new(n) { |i| Worker.new(mode, socket, queues.map { |q| q.sub("%i", i.to_s) }) }
+  def spawn_workers(mode, n, socket, queues, url: URL)
+    workers = Array.new(n) { |i| Worker.new(mode, socket, queues.map { |q| q.sub("%i", i.to_s) }, url: url) }
     workers.each(&:await_ready)
     workers
   end
 
   # One cell: an optional hub process, N workers; yields, then tears down.
-  def with_setup(mode, n, queues)
+  def with_setup(mode, n, queues, url: URL)
     Dir.mktmpdir("pgbus-bench") do |dir|
-      hub = HUB_MODES.include?(mode) ? Hub.new(mode, dir) : nil
+      hub = HUB_MODES.include?(mode) ? Hub.new(mode, dir, url: url) : nil
       workers = []
       begin
-        workers = spawn_workers(mode, n, hub&.socket, queues)
+        workers = spawn_workers(mode, n, hub&.socket, queues, url: url)
         yield hub, workers
       ensure
         workers.each(&:stop)
@@ -232,12 +246,12 @@ module Bench
   end
 
   # Sends `count` timestamped NOTIFYs one transaction each, `gap` seconds apart.
-  def send_probes(queue, count, gap: 0.003, pad: 0)
+  def send_probes(queue, count, gap: 0.003, pad: 0, via: conn)
     channel = CHAN[queue]
     count.times do |i|
       payload = "T#{now_ns}:#{i}:"
       payload += "x" * (pad - payload.bytesize) if pad > payload.bytesize
-      conn.exec_params("SELECT pg_notify($1, $2)", [channel, payload])
+      via.exec_params("SELECT pg_notify($1, $2)", [channel, payload])
       sleep(gap * (0.5 + rand)) if gap.positive?
     end
   end
@@ -349,8 +363,11 @@ module Bench
         with_setup(mode, 2, %w[act_hold]) do |_hub, workers|
           # both workers hold act_hold; the prober unsubs/re-subs it (it stays LISTENed)
           prober = workers.last
-          (out[[mode, :new]] ||= []).concat(prober.json("acknew #{n}"))
-          (out[[mode, :active]] ||= []).concat(prober.json("ackact act_hold #{n}"))
+          { new: "acknew #{n}", active: "ackact act_hold #{n}" }.each do |kind, command|
+            samples = prober.json(command)
+            unconfirmed[:sub_ack] += samples.count(nil)
+            (out[[mode, kind]] ||= []).concat(samples.compact)
+          end
         end
       end
     end
@@ -619,9 +636,13 @@ module Bench
     r[:harness] = harness_cost
     run.call(:footprint) { fig4_footprint }
     run.call(:isolation) { fig5_isolation }
+    run.call(:scale) { Scale.run } unless ENV["BENCH_SCALE"] == "0"
     machine[:loadavg_end] = loadavg
     machine[:seconds] = ((now_ns - started) / 1e9).round(1)
     rows = only ? [] : build_rows(r)
+    Scale.rows(r[:scale], ->(*row) { rows << %i[figure mode value target status].zip(row).to_h }) if r[:scale]
+    rows << { figure: "unconfirmed LISTEN answers (nil), all figures", mode: "-", value: unconfirmed.inspect,
+              target: "0", status: verdict(unconfirmed.values.sum.zero?) }
     text = table(rows)
     puts "pgbus-hub benchmarks — #{machine[:nproc]} cores, load avg #{machine[:loadavg_start]} -> #{machine[:loadavg_end]}, " \
          "#{machine[:ruby]}, PostgreSQL #{machine[:postgresql]}, #{machine[:seconds]} s, " \
@@ -629,7 +650,7 @@ module Bench
     puts text
     FileUtils.mkdir_p(File.join(ROOT, "tmp", "bench"))
     File.write(File.join(ROOT, "tmp", "bench", "latest.json"),
-               JSON.pretty_generate({ machine: machine, results: jsonable(r), rows: rows }))
+               JSON.pretty_generate({ machine: machine, results: jsonable(r), unconfirmed: unconfirmed, rows: rows }))
     puts "wrote tmp/bench/latest.json"
   end
 end

@@ -34,6 +34,36 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(l.stats).to include(channels: 1, healthy: true)
   end
 
+  # `rake bench` once saw a fresh listener answer nil (its first LISTEN not
+  # confirmed within listen_ack_timeout): fresh listeners in a row, and at once
+  # in forked children (the first connect racing the first LISTEN), all confirm.
+  it "confirms the first LISTEN of 500 fresh listeners in a row and of 32 started at once after a fork" do
+    answers = Array.new(500) do |i|
+      l = described_class.new(connection: TestDatabase.url, dispatch_queue: Queue.new).start
+      l.ensure_listening("pgbus_fresh_#{i}").tap { l.stop }
+    end
+    expect(answers.tally).to eq(done: 500)
+    children = Array.new(32) do |i|
+      reader, writer = IO.pipe
+      pid = fork do
+        reader.close
+        l = described_class.new(connection: TestDatabase.url, dispatch_queue: Queue.new).start
+        writer.puts(l.ensure_listening("pgbus_forked_#{i}").inspect)
+        l.stop
+        exit!(0)
+      end
+      writer.close
+      [pid, reader]
+    end
+    forked = children.map do |pid, reader|
+      reader.read.strip.tap do
+        reader.close
+        ::Process.wait(pid)
+      end
+    end
+    expect(forked.tally).to eq(":done" => 32)
+  end
+
   it "reports its live threads (pump, log drain) for pgbus's leak check; [] after stop" do
     l = listener(logger: Logger.new(StringIO.new)).start
     expect(l.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")

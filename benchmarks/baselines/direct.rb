@@ -41,6 +41,16 @@ module DirectBaseline
       done.pop
     end
 
+    # ensure_listening for many queues with one wake-up of the thread: an
+    # answer per queue, in order.
+    def ensure_listening_all(queues)
+      done = queues.map do |queue|
+        Queue.new.tap { |answer| @commands << [:listen, queue, answer] }
+      end
+      PG.connect(@url).tap { |c| c.exec("NOTIFY pgbus_bench_poke") }.close
+      done.map(&:pop)
+    end
+
     def stop
       @running = false
       @commands << [:stop]

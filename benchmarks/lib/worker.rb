@@ -68,7 +68,7 @@ module BenchWorker
 
     def record(stamp, wake)
       @lock.synchronize do
-        return unless wake.queue_name == @queue
+        return unless @queue == "*" || wake.queue_name == @queue
 
         @count += 1
         @first ||= stamp
@@ -128,29 +128,74 @@ module BenchWorker
     end
   end
 
+  # ms the sub took to be acked; nil (counted in @unconfirmed) when
+  # ensure_listening answered nil, i.e. the LISTEN was not confirmed in time:
+  # the run reports how many instead of stopping at the first.
   def timed_sub(listener, queue)
     t0 = now_ns
     result = listener.ensure_listening(queue)
     ms = (now_ns - t0) / 1e6
-    raise "ensure_listening(#{queue}) returned #{result.inspect}" unless result == :done
+    return ms if result == :done
+    raise "ensure_listening(#{queue}) returned #{result.inspect}" unless result.nil?
 
-    ms
+    @unconfirmed += 1
+    # What the listener knew when it gave up: the clue to why, in the bench's log.
+    stats = listener.respond_to?(:stats) ? listener.stats : {}
+    warn "[bench worker #{Process.pid}] ensure_listening(#{queue}) answered nil after #{ms.round(1)} ms; stats #{stats.inspect}"
+    nil
+  end
+
+  # Subscribes every queue: through the listener's batch call where it has
+  # one (the direct baseline: one wake-up of its thread, not one per queue).
+  def subscribe_all(listener, queues)
+    if listener.respond_to?(:ensure_listening_all)
+      @unconfirmed += listener.ensure_listening_all(queues).count(nil)
+    else
+      queues.each { |q| timed_sub(listener, q) }
+    end
+  end
+
+  # `rate` new-channel subs (each then unsubscribed) per second for `seconds`,
+  # started at a random phase: the ack time of each.
+  def churn(listener, rate, seconds)
+    interval_ns = 1e9 / rate
+    t_end = now_ns + (seconds * 1e9)
+    next_at = now_ns + (rand * interval_ns)
+    samples = []
+    while now_ns < t_end
+      pause = (next_at - now_ns) / 1e9
+      sleep(pause) if pause.positive?
+      next_at += interval_ns
+      q = "churn_#{Process.pid}_#{samples.size}"
+      samples << timed_sub(listener, q)
+      listener.remove_listening(q)
+    end
+    samples
   end
 
   # Entry point in the forked child. Never returns (exit!).
   def run(mode:, url:, socket:, queues:, ctl:, out:)
     srand(Process.pid)
     out.sync = true
+    @unconfirmed = 0
     recorder = Recorder.new
     listener = build(mode, url, socket, StampQueue.new(recorder))
-    queues.each { |q| (result = listener.ensure_listening(q)) == :done || raise("#{mode}: no ack for #{q} (#{result.inspect})") }
-    out.puts "ready"
+    subscribe_all(listener, queues)
+    out.puts "ready #{@unconfirmed}"
     while (line = ctl.gets)
       cmd, *args = line.split
       case cmd
-      when "mark"
+      when "mark" # mark QUEUE|*  (* counts every queue's wakes)
         recorder.reset(args[0])
         out.puts "ok"
+      when "subn" # subn PREFIX COUNT: subscribes PREFIX0 .. PREFIX<COUNT-1>
+        t0 = now_ns
+        subscribe_all(listener, Array.new(Integer(args[1])) { |i| "#{args[0]}#{i}" })
+        out.puts JSON.generate(seconds: (now_ns - t0) / 1e9)
+      when "churn" # churn RATE SECONDS
+        out.puts JSON.generate(churn(listener, Float(args[0]), Float(args[1])))
+      when "unconfirmed"
+        out.puts @unconfirmed.to_s
       when "wait" # wait N TIMEOUT_S IDLE_S KIND(t|all)
         recorder.await(Integer(args[0]), args[3], now_ns + (Float(args[1]) * 1e9), Float(args[2]) * 1e9)
         out.puts JSON.generate(recorder.snapshot)
