@@ -177,7 +177,7 @@ RSpec.describe "bin/demo", :demo do
       demo_out = File.join(work, "demo.out")
       demo_pid = Process.spawn({ "DATABASE_URL" => nil }, demo, "--serve", "--port", port.to_s,
                                out: demo_out, err: %i[child out], pgroup: true, in: File::NULL)
-      Timeout.timeout(120) { sleep 0.1 until File.read(demo_out).include?("demo running: http://127.0.0.1:#{port}/") }
+      wait_for("the demo to serve", timeout: 120, interval: 0.1) { File.read(demo_out).include?("demo running: http://127.0.0.1:#{port}/") }
       url = "http://127.0.0.1:#{port}/"
 
       chrome_err = File.join(work, "chrome.err")
@@ -202,7 +202,7 @@ RSpec.describe "bin/demo", :demo do
       cdp.call("Page.enable")
       cdp.call("Page.navigate", { url: url })
       text = -> { cdp.evaluate("document.body ? document.body.innerText : ''").to_s }
-      Timeout.timeout(20) { sleep 0.1 until text.call.scan("live on worker").size == 2 }
+      wait_for("both panels live", timeout: 20, interval: 0.1) { text.call.scan("live on worker").size == 2 }
 
       message = "hello from spec #{SecureRandom.hex(4)}"
       %w[alpha beta].each do |topic|
@@ -212,7 +212,7 @@ RSpec.describe "bin/demo", :demo do
       Timeout.timeout(15) do
         sleep 0.1 until text.call.include?("#{message} alpha") && text.call.include?("#{message} beta")
       end
-      Timeout.timeout(15) { sleep 0.1 until text.call.include?("pgbus-listen connections: 1") }
+      wait_for("the census on the page", timeout: 15, interval: 0.1) { text.call.include?("pgbus-listen connections: 1") }
       expect(text.call).to match(/worker \d+: #{message} alpha/)
 
       png = Base64.decode64(cdp.call("Page.captureScreenshot", { format: "png" })["data"])
@@ -223,9 +223,9 @@ RSpec.describe "bin/demo", :demo do
       # The ActionCable page (when ActionCable is installed): Rails' browser client through adapter pgbus_hub.
       if Gem::Specification.find_all_by_name("actioncable").any?
         cdp.call("Page.navigate", { url: "#{url}cable.html" })
-        Timeout.timeout(20) { sleep 0.1 until text.call.include?("subscribed") }
+        wait_for("the cable panel subscribed", timeout: 20, interval: 0.1) { text.call.include?("subscribed") }
         cdp.evaluate('document.getElementById("send").click(); document.getElementById("large").click(); 1')
-        Timeout.timeout(15) { sleep 0.1 until text.call.include?(": 5 bytes: hello") && text.call.include?(": 100000 bytes") }
+        wait_for("both messages on the page", timeout: 15, interval: 0.1) { text.call.include?(": 5 bytes: hello") && text.call.include?(": 100000 bytes") }
       end
     ensure
       cdp&.close

@@ -107,8 +107,7 @@ RSpec.describe Pgbus::Hub::HubClient do
     }).connect
     expect { c.ensure_listening("q") }.to raise_error(Pgbus::Hub::HubUnavailableError, /ack/i)
     expect(pop(outcome)).to eq(:stopped)
-    wait_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
-    sleep 0.01 until c.threads.empty? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > wait_until
+    wait_for(nil, timeout: 5) { c.threads.empty? }
     expect(c.threads).to eq([])
   end
 

@@ -87,7 +87,7 @@ RSpec.describe Pgbus::Hub::Listener do
     TestDatabase.notify("pgbus_raising", "accepted")
     expect(pop(queue)).to have_attributes(payload: "accepted")
     expect(l.ensure_listening("y" * 70)).to be_nil
-    Timeout.timeout(5) { sleep 0.02 until lines.string.include?("y" * 70) }
+    wait_for("the second refusal logged", timeout: 5) { lines.string.include?("y" * 70) }
     expect(lines.string).to include("wake delivery raised #<RuntimeError: queue full>")
     expect(l.threads.size).to eq(2)
   end

@@ -7,6 +7,7 @@ require "stringio"
 require "rbconfig"
 require "timeout"
 require_relative "support/database"
+require_relative "support/native_wait"
 
 RSpec.describe Pgbus::Hub::MasterHub do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
@@ -227,12 +228,9 @@ RSpec.describe Pgbus::Hub::MasterHub do
     # SIGSTOP only this hub's own backend: stop's UNLISTEN and close then wait out their grace.
     Process.kill(:STOP, backend)
     begin
-      stopper = Thread.new { hub.stop }
-      sleep 0.1 # in the native wait by now (it lasts about 0.4 s)
-      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      stopper.kill
-      expect(stopper.join(5)).not_to be_nil
-      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 0.05
+      stopper = Thread.new { hub.stop } # its native wait lasts about 0.4 s
+      seconds, bound = NativeWait.kill_inside(stopper, "stop")
+      expect(seconds).to be < bound
       expect(hub).not_to be_running
       expect(File.exist?(hub.socket_path)).to be(false) # no worker connects to a stopping hub
       hub.stop # idempotent: finishes the Ruby side (log thread)

@@ -13,7 +13,7 @@ RSpec.describe "reliability 1: hub's LISTEN backend terminated x20", reliability
       # A wire-level peer sees every status frame (a HubClient only keeps the last).
       peer = WirePeer.new(hub.socket_path)
       peer.subscribe("t_wire")
-      Rel.wait_until("census 1") { Rel.census == 1 }
+      wait_for("census 1") { Rel.census == 1 }
       samples = [hub.proc_sample]
       recoveries = []
       20.times do |round|

@@ -110,7 +110,7 @@ RSpec.describe "reliability 2 + 8b: private PostgreSQL cluster", :reliability do
       t_up = Rel.now
       @cluster.start
       up_s = Rel.now - t_up
-      Rel.wait_until("hub healthy", timeout: 15, interval: 0.05) { hub.stats[:listener_healthy] }
+      wait_for("hub healthy", timeout: 15, interval: 0.05) { hub.stats[:listener_healthy] }
       healthy_after_up = Rel.now - t_up
       late = RelWorker.new(hub.socket_path, url: url)
       expect(late.sub("d_late")["result"]).to eq(":done")
@@ -156,7 +156,7 @@ RSpec.describe "reliability 2 + 8b: private PostgreSQL cluster", :reliability do
       rescue RuntimeError
         false
       end
-      Rel.wait_until("hub healthy again", timeout: 15) { hub.stats[:listener_healthy] }
+      wait_for("hub healthy again", timeout: 15) { hub.stats[:listener_healthy] }
       expect(hub.alive?).to be(true)
       expect(Process.waitpid(hub.pid, Process::WNOHANG)).to be_nil # still running
       latency = assert_acked_subs_get_wakes({ worker => %w[bin bystander] }, notify: ->(q, p) { Rel.notify(q, p, conn: db) })

@@ -25,7 +25,7 @@ RSpec.describe "reliability 3: worker kill -9 mid-subscription x50", :reliabilit
         sleep(rand * 0.003)
         t0 = Rel.now
         victim.kill9
-        Rel.wait_until("refs of victim #{i} released", timeout: 10) do
+        wait_for("refs of victim #{i} released", timeout: 10) do
           s = hub.stats
           s[:workers] == 1 && s[:channels] == 1
         end

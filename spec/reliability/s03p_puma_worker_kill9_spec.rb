@@ -30,7 +30,7 @@ RSpec.describe "reliability 3p: Puma worker kill -9 mid-subscription", :reliabil
     rounds.times do |i|
       own = "#{stream}_k#{i}"
       mid = Array.new(8) { |j| "#{stream}_m#{i}_#{j}" }
-      response = Rel.wait_until("a worker to serve round #{i}", timeout: 30, interval: 0.1) do
+      response = wait_for("a worker to serve round #{i}", timeout: 30, interval: 0.1) do
         c.get("/sub?q=#{shared},#{own}&bg=#{mid.join(',')}")
       end
       victim = response["pid"]
@@ -43,7 +43,7 @@ RSpec.describe "reliability 3p: Puma worker kill -9 mid-subscription", :reliabil
       RelPuma.wait_routes_released(c, killed, what: "hub released worker #{victim}'s refs")
       release_ms << ((Rel.now - t0) * 1000).round(1)
       mid_acked << (c.acked_subs(victim) & mid).size
-      Rel.wait_until("Puma re-spawned a worker for #{victim}", timeout: 30, interval: 0.02) do
+      wait_for("Puma re-spawned a worker for #{victim}", timeout: 30, interval: 0.02) do
         (c.worker_pids - killed).size == 4
       end
       respawn_ms << ((Rel.now - t0) * 1000).round

@@ -49,7 +49,7 @@ RSpec.describe "reliability 4: SIGSTOPped worker during an ephemeral storm", :re
       victim.signal("CONT")
       victim.wait_event("fail-over", timeout: 15) { |e| e["ev"] == "failed_over" }
       failover_s = Rel.now - t_cont
-      Rel.wait_until("victim's local listener delivers", timeout: 15, interval: 0.2) do
+      wait_for("victim's local listener delivers", timeout: 15, interval: 0.2) do
         Rel.notify("storm", "after failover")
         victim.find_event { |e| e["ev"] == "wake" && e["p"] == "after failover" }
       end

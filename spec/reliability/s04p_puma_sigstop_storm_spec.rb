@@ -67,10 +67,10 @@ RSpec.describe "reliability 4p: Puma worker SIGSTOPped during an ephemeral storm
     t_cont = Rel.now
     Process.kill("CONT", @victim)
     @victim = nil
-    Rel.wait_until("census 2: the hub + the victim's own listener", timeout: 15, interval: 0.02) { c.census == 2 }
+    wait_for("census 2: the hub + the victim's own listener", timeout: 15, interval: 0.02) { c.census == 2 }
     failover_s = Rel.now - t_cont
     mark = victim.size
-    Rel.wait_until("the failed-over worker's own listener delivers", timeout: 15, interval: 0.2) do
+    wait_for("the failed-over worker's own listener delivers", timeout: 15, interval: 0.2) do
       RelPuma.notify(storm, "after failover")
       victim.wakes(from: mark).find { |e| e["p"] == "after failover" }
     end

@@ -30,7 +30,7 @@ RSpec.describe "reliability 5: hub process death", reliability: :fast do
       Rel.record("s5_hub_sigkill", { workers: 4, fail_over_s: fail_over_s, wake_after_s: latency.round(4),
                                      census_during_fallback: 4 })
       workers.each(&:stop)
-      Rel.wait_until("fallback listeners closed") { Rel.census.zero? }
+      wait_for("fallback listeners closed") { Rel.census.zero? }
     end
   end
 

@@ -28,7 +28,7 @@ RSpec.describe "reliability 5p: Puma master hub death", :reliability do
     # records bounds its fail-over time (hub gone -> own listener LISTENing).
     sent = {}
     first = {}
-    Rel.wait_until("every worker woken by its own listener", timeout: ack_timeout + 10, interval: 0) do
+    wait_for("every worker woken by its own listener", timeout: ack_timeout + 10, interval: 0) do
       sent[n = sent.size] = Rel.now
       RelPuma.notify(shared, "probe-#{n}")
       sleep 0.025
@@ -38,7 +38,7 @@ RSpec.describe "reliability 5p: Puma master hub death", :reliability do
       first.size == views.size && first.values.all?
     end
     recovered_s = first.transform_values { |t| (t - t0).round(3) }
-    census_s = Rel.wait_until("census 4", timeout: 15, interval: 0.02) { c.census == 4 && Rel.now - t0 }
+    census_s = wait_for("census 4", timeout: 15, interval: 0.02) { c.census == 4 && Rel.now - t0 }
     expect(recovered_s.values.max).to be < ack_timeout
     expect(File.exist?(c.socket_path)).to be(false)
     c.wait_log(/failed over to a per-worker listener \(\d+ subscription/, count: 4)

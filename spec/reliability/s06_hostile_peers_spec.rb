@@ -63,7 +63,7 @@ RSpec.describe "reliability 6: hostile local peers", :reliability do
       # 1000 idle connections (they never read: status frames pile up in their socket buffers).
       master_before = hub.proc_sample
       idle = Array.new(idle_count) { UNIXSocket.new(hub.socket_path) }
-      Rel.wait_until("#{idle_count} idle peers accepted", timeout: 30) { hub.stats[:workers] >= idle_count + 2 }
+      wait_for("#{idle_count} idle peers accepted", timeout: 30) { hub.stats[:workers] >= idle_count + 2 }
       results[:master_fds_with_idle] = hub.proc_sample[:fds] - master_before[:fds]
       during_idle = Array.new(150) { |i| probe(legit, "idle-#{i}") }
       # A sub flood: 10k subs for distinct channels, never waiting for acks -> cut off at 1024 pending.
@@ -107,7 +107,7 @@ RSpec.describe "reliability 6: hostile local peers", :reliability do
       paced.close
       idle.each(&:close)
       [half, garbage, oversize, flood].each { |s| s.close unless s.closed? }
-      Rel.wait_until("attackers' refs released", timeout: 30) do
+      wait_for("attackers' refs released", timeout: 30) do
         s = hub.stats
         s[:workers] == 2 && s[:channels] == 1
       end

@@ -62,7 +62,7 @@ RSpec.describe "reliability 7: queue names", reliability: :fast do
           expect(local.ensure_listening(name)).to be_nil, name.inspect
         end
       end
-      Rel.wait_until("each refusal logged") { out.string.lines.grep(/ERROR/).size >= names.size * 2 }
+      wait_for("each refusal logged") { out.string.lines.grep(/ERROR/).size >= names.size * 2 }
       errors = out.string.lines.grep(/ERROR/)
       expect(errors.size).to eq(names.size * 2) # once per name and listener, not per call
       names.each { |_, message| expect(errors.grep(message).size).to be >= 2 }

@@ -38,11 +38,11 @@ RSpec.describe "reliability 10: soak", :reliability do
         if (counts[:rounds] % 25) == 24
           Rel.terminate_listen_backends
           counts[:terminations] += 1
-          Rel.wait_until("healthy after terminate") { hub.stats[:listener_healthy] }
+          wait_for("healthy after terminate") { hub.stats[:listener_healthy] }
         end
         counts[:rounds] += 1
         sleep 0.1 # modest: other engineers share these 2 cores
-        Rel.wait_until("churned workers released") { hub.stats[:workers] == 1 }
+        wait_for("churned workers released") { hub.stats[:workers] == 1 }
         next unless Rel.now >= next_sample
 
         series << hub.proc_sample.merge(t: (Rel.now - t0).round, channels: hub.stats[:channels], census: Rel.census)

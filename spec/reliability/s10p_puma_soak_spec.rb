@@ -45,7 +45,7 @@ RSpec.describe "reliability 10p: Puma cluster soak", :reliability do
         old_phase = c.worker_pids
         c.signal("USR1")
         c.wait_log(/booted in [\d.]+s, phase: #{phase}$/, count: 4, timeout: 90)
-        Rel.wait_until("the old phase's workers gone", timeout: 30, interval: 0.05) do
+        wait_for("the old phase's workers gone", timeout: 30, interval: 0.05) do
           c.worker_pids.size == 4 && (c.worker_pids & old_phase).empty?
         end
         phased_s << (Rel.now - t_phase).round(2)
@@ -59,13 +59,13 @@ RSpec.describe "reliability 10p: Puma cluster soak", :reliability do
       assert_cluster_subs_get_wakes(c, tag: "round-#{counts[:rounds]}")
       expect(c.census).to eq(1)
       mid = Array.new(6) { |j| "#{stream}_m#{counts[:rounds]}_#{j}" }
-      victim = Rel.wait_until("a worker to serve", timeout: 30, interval: 0.1) { c.get("/sub?q=#{shared}&bg=#{mid.join(',')}") }["pid"]
+      victim = wait_for("a worker to serve", timeout: 30, interval: 0.1) { c.get("/sub?q=#{shared}&bg=#{mid.join(',')}") }["pid"]
       sleep(rng.rand * 0.004)
       c.signal("KILL", victim)
       killed << victim
       counts[:kill9] += 1
       RelPuma.wait_routes_released(c, killed, what: "hub released worker #{victim}'s refs")
-      Rel.wait_until("Puma replaced worker #{victim}", timeout: 30, interval: 0.02) { (c.worker_pids - killed).size == 4 }
+      wait_for("Puma replaced worker #{victim}", timeout: 30, interval: 0.02) { (c.worker_pids - killed).size == 4 }
       counts[:rounds] += 1
       sleep 0.2 # modest: other engineers share these 2 cores
       next unless Rel.now >= next_sample

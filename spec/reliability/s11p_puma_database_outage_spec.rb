@@ -58,7 +58,7 @@ RSpec.describe "reliability 11p: database outage under a Puma cluster", :reliabi
     stream = unique_stream
     subs = c.subscribe_all(stream)
     expect(subs.values.map { |s| s["listener"] }.uniq).to eq(["Pgbus::Hub::FailoverListener"])
-    Rel.wait_until("census 1 before the outage") { pg_census(@pg) == 1 }
+    wait_for("census 1 before the outage") { pg_census(@pg) == 1 }
 
     @pg.stop
     outage_started = Rel.now
@@ -76,7 +76,7 @@ RSpec.describe "reliability 11p: database outage under a Puma cluster", :reliabi
     end
     @pg.start
     back_at = Rel.now
-    Rel.wait_until("census 1 after the outage", timeout: 30, interval: 0.05) { (pg_census(@pg) rescue nil) == 1 } # rubocop:disable Style/RescueModifier
+    wait_for("census 1 after the outage", timeout: 30, interval: 0.05) { (pg_census(@pg) rescue nil) == 1 } # rubocop:disable Style/RescueModifier
     census_after_s = Rel.now - back_at
 
     p99_ms = Rel.percentile(latencies, 99) * 1000

@@ -26,14 +26,14 @@ RSpec.describe "reliability 13: standby refused, promotion followed", reliabilit
     expect(@standby.connect.exec("select pg_is_in_recovery()").getvalue(0, 0)).to eq("t")
     with_tmpdir do |dir|
       hub = RelHub.new(dir, url: @standby.url)
-      Rel.wait_until("the refusal recorded") { hub.stats[:last_error].to_s.include?("recovery") }
+      wait_for("the refusal recorded") { hub.stats[:last_error].to_s.include?("recovery") }
       stats = hub.stats
       expect(stats[:listener_healthy]).to be(false)
       expect(stats[:last_error]).to include("refusing to LISTEN on a server in recovery")
       expect(hub.log).to include("refusing to LISTEN on a server in recovery")
 
       @standby.promote
-      Rel.wait_until("healthy on the promoted server", timeout: 30) { hub.stats[:listener_healthy] }
+      wait_for("healthy on the promoted server", timeout: 30) { hub.stats[:listener_healthy] }
       worker = RelWorker.new(hub.socket_path, url: @standby.url)
       expect(worker.sub("promoted")["result"]).to eq(":done")
       conn = @standby.connect

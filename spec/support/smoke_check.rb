@@ -9,6 +9,7 @@
 #   ruby -I lib spec/support/smoke_check.rb [PLATFORM-PREFIX]   (default: this machine's)
 require "timeout"
 require "pgbus/hub"
+require_relative "wait"
 
 expected_platform = ARGV.fetch(0) { RbConfig::CONFIG["host_cpu"] }
 tag = "pgbus_hub_smoke_#{Process.pid}"
@@ -20,7 +21,7 @@ psql = ->(sql) { IO.popen(["psql", url, "-Atqc", sql], &:read).strip }
 hub = Pgbus::Hub::MasterHub.new(connection: tagged, socket_path: path, channel_prefix: "", channel_suffix: "").start
 # Under emulation the hub's first connection takes seconds; until it is up a
 # sub is acked at once and LISTENed on connect, so a NOTIFY sent before that is lost.
-Timeout.timeout(60) { sleep 0.1 until hub.stats[:listener_healthy] }
+wait_for("the hub LISTENing", timeout: 60, interval: 0.1) { hub.stats[:listener_healthy] }
 wakes = Queue.new
 client = Pgbus::Hub::HubClient.new(socket_path: path, dispatch_queue: wakes).connect
 listening = client.ensure_listening(tag)

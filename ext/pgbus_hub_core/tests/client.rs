@@ -2,6 +2,7 @@
 //! A test thread plays the embedder's pump (it reads the socket for the client).
 
 mod support_hub;
+mod support_wait;
 
 use pgbus_hub_core::client::{ClientConfig, ClientError, DrivenReader, HubClient, Listening};
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
@@ -14,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use support_hub::pump::{self, Pump};
 use support_hub::{AckMode, Behaviour, StubHub};
+use support_wait::wait_until as wait_for;
 
 /// The leak and fork tests need the process to themselves (fd and thread
 /// counts; no other thread mid-malloc at fork). They take the write side.
@@ -79,14 +81,6 @@ fn expect_one_failure(deliveries: &Pump) -> String {
     };
     assert_eq!(deliveries.recv_timeout(Duration::from_millis(200)), None);
     reason
-}
-
-fn wait_for(what: &str, test: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !test() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(2));
-    }
 }
 
 #[test]
@@ -717,28 +711,6 @@ fn thousand_connect_stop_cycles_leak_no_fds_or_threads() {
     // just after the hub has forgotten the connection.
     wait_for("fds back to the baseline", || fd_count() <= fds);
     println!("leak check: fds {fds} -> {}, pump threads 0", fd_count());
-}
-
-#[test]
-fn measure_ensure_listening_round_trip() {
-    let _serial = exclusive();
-    let s = setup(Behaviour::default());
-    for _ in 0..100 {
-        s.client.ensure_listening("warm").unwrap();
-    }
-    let mut samples: Vec<Duration> = (0..1000)
-        .map(|i| {
-            let queue = format!("q{}", i % 10);
-            let started = Instant::now();
-            s.client.ensure_listening(&queue).unwrap();
-            started.elapsed()
-        })
-        .collect();
-    samples.sort();
-    println!(
-        "ensure_listening round trip over 1000: p50 {:?}, p99 {:?}, max {:?}",
-        samples[499], samples[989], samples[999]
-    );
 }
 
 // ---- The reading side itself: a client whose reader no thread pumps yet.

@@ -5,6 +5,7 @@
 //! the worker logs one WARN per outage.
 
 mod support_hub;
+mod support_wait;
 
 use pgbus_hub_core::client::{ClientConfig, HubClient, Listening, UNHEALTHY_ACK_GRACE};
 use pgbus_hub_core::delivery::Delivery;
@@ -15,17 +16,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 use support_hub::pump::Pump;
 use support_hub::{AckMode, Behaviour, StubHub};
+use support_wait::wait_until;
 
 /// Far above the grace period, so a test that waited it out would show.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn wait_until(what: &str, test: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !test() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() {

@@ -4,6 +4,7 @@
 //! outcome for a refused name; nothing built after stop.
 
 mod support_pg;
+mod support_wait;
 
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
@@ -80,11 +81,7 @@ impl Fixture {
     }
 
     fn wait_for_census(&mut self, expected: i64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.census() != expected {
-            assert!(Instant::now() < deadline, "census never reached {expected}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        support_wait::wait_until(&format!("census {expected}"), || self.census() == expected);
     }
 }
 

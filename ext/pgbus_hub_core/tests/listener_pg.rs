@@ -23,13 +23,13 @@ use pgbus_hub_core::protocol::Wake;
 use tokio::sync::mpsc;
 
 mod support_pg;
-use support_pg::{configured_database_url, skip_or_fail};
+mod support_wait;
+use support_pg::{configured_database_url, default_database_url, skip_or_fail};
 
 const WAIT: Duration = Duration::from_secs(10);
 
 fn database_url() -> String {
-    configured_database_url()
-        .unwrap_or_else(|| "host=/var/run/postgresql dbname=pgbus_hub_test".to_string())
+    configured_database_url().unwrap_or_else(default_database_url)
 }
 
 /// The run's own database (`rake test` creates one per run and sets this), for
@@ -52,7 +52,8 @@ fn tag() -> String {
     )
 }
 
-/// The options, or None (after printing why) when no PostgreSQL answers.
+/// The options, or None when no PostgreSQL answers and the run allows skipping
+/// (`support_pg::skip_or_fail`).
 async fn options() -> Option<ConnectionOptions> {
     let url = database_url();
     let configured = configured_database_url().is_some();
@@ -155,11 +156,7 @@ impl Engine {
     }
 
     async fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        while !self.stats.healthy() {
-            assert!(Instant::now() < deadline, "engine never became healthy");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        support_wait::wait_until_async("the engine healthy", || self.stats.healthy()).await;
     }
 
     async fn stop(self) {
@@ -508,8 +505,10 @@ async fn stop_answers_pending_listens_and_exits_while_unreachable() {
     let (log, records) = LogSink::channel();
     let engine = engine_with(options, false, log);
     let answer = engine.handle.listen("never");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(engine.stats.connect_failures() >= 2);
+    support_wait::wait_until_async("two failed connects", || {
+        engine.stats.connect_failures() >= 2
+    })
+    .await;
     let started = Instant::now();
     engine.handle.stop();
     assert_eq!(answer.await, Ok(Err(ListenError::Stopped)));
@@ -521,6 +520,34 @@ async fn stop_answers_pending_listens_and_exits_while_unreachable() {
     assert!(records
         .try_iter()
         .any(|r| r.level == Level::Warn && r.message.contains("connect")));
+}
+
+/// The reconnect backoff on a paused clock (virtual time; the test takes
+/// milliseconds): the first retry at once, then 100 ms doubling to 5 s, each
+/// step within its ±20 % jitter (plus 5 ms for the refused connect itself).
+#[tokio::test(start_paused = true)]
+async fn reconnect_backoff_doubles_from_100_ms_to_5_s() {
+    // Nothing listens on port 1: every attempt is refused at once.
+    let options = ConnectionOptions::parse("host=127.0.0.1 port=1 user=nobody").unwrap();
+    let engine = engine(options);
+    let started = tokio::time::Instant::now();
+    let mut failed_at = Vec::new();
+    while failed_at.len() < 10 {
+        let failures = engine.stats.connect_failures() as usize;
+        failed_at.resize(failures.max(failed_at.len()), started.elapsed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let gaps: Vec<Duration> = failed_at.windows(2).map(|pair| pair[1] - pair[0]).collect();
+    let expected_ms = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000];
+    for (gap, want) in gaps.iter().zip(expected_ms) {
+        let want = Duration::from_millis(want);
+        let slack = Duration::from_millis(5);
+        assert!(
+            *gap + slack >= want.mul_f64(0.8) && *gap <= want.mul_f64(1.2) + slack,
+            "backoff steps {gaps:?}, expected about {expected_ms:?} ms"
+        );
+    }
+    engine.stop().await;
 }
 
 #[tokio::test]

@@ -37,7 +37,7 @@ module Rel
   # SIGSTOP is delivered asynchronously: returns once the process is stopped.
   def sigstop(pid)
     Process.kill("STOP", pid)
-    wait_until("process #{pid} stopped", interval: 0.001) { File.read("/proc/#{pid}/stat")[/\) (\w)/, 1] == "T" }
+    wait_for("process #{pid} stopped", interval: 0.001) { File.read("/proc/#{pid}/stat")[/\) (\w)/, 1] == "T" }
   end
 
   def url
@@ -94,16 +94,6 @@ module Rel
     return nil if sorted.empty?
 
     sorted[[(sorted.size * pct / 100.0).ceil - 1, 0].max]
-  end
-
-  def wait_until(what, timeout: 10, interval: 0.01)
-    deadline = now + timeout
-    until (value = yield)
-      raise "timed out after #{timeout}s waiting for #{what}" if now > deadline
-
-      sleep interval
-    end
-    value
   end
 
   # The notes file figures are collected into (printed at the end of the run).

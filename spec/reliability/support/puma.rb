@@ -60,7 +60,7 @@ module RelPuma
 
   # Waits until the hub's live stats show exactly the expected routes.
   def wait_routes_released(cluster, dead = [], what: "hub routes", timeout: 10)
-    Rel.wait_until(what, timeout: timeout, interval: 0.005) do
+    wait_for(what, timeout: timeout, interval: 0.005) do
       workers, channels = expected_routes(cluster, dead)
       stats = live_stats(cluster)
       stats[:workers] == workers && stats[:channels] == channels
@@ -93,7 +93,7 @@ class PumaWorkerView
   end
 
   def wait_wake(queue, payload, timeout: 10, from: 0)
-    Rel.wait_until("worker #{@pid}: wake #{queue} #{payload.to_s[0, 40].inspect}", timeout: timeout, interval: 0.02) do
+    wait_for("worker #{@pid}: wake #{queue} #{payload.to_s[0, 40].inspect}", timeout: timeout, interval: 0.02) do
       wakes(from: from).find { |e| e["q"] == queue && e["p"] == payload }
     end
   end

@@ -8,12 +8,7 @@ module PumaE2E
   def self.database_available?
     return @available unless @available.nil?
 
-    @available = begin
-      PG.connect(PumaCluster::DATABASE_URL).close
-      true
-    rescue PG::Error
-      false
-    end
+    @available = TestDatabase.answers?(PumaCluster::DATABASE_URL)
   end
 
   def cluster(wait: true, **options)

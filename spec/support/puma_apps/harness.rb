@@ -80,7 +80,7 @@ class PumaCluster
   end
 
   def wait_for(what, timeout:, &block)
-    wait_until(timeout, &block) || raise("timed out after #{timeout}s waiting for #{what}\n--- puma log ---\n#{log[-4000..] || log}")
+    super(what, timeout: timeout, interval: 0.05, detail: -> { "--- puma log ---\n#{log[-4000..] || log}" }, &block)
   end
 
   def wait_log(pattern, timeout: 15, count: 1)
@@ -200,7 +200,7 @@ class PumaCluster
     rescue Errno::ESRCH
       nil
     end
-    stopped = wait_until(deadline) do
+    stopped = wait_for(nil, timeout: deadline) do
       pid, status = Process.waitpid2(@pid, Process::WNOHANG)
       @exit_status = status
       pid
@@ -209,8 +209,8 @@ class PumaCluster
       kill_group("KILL")
       Process.waitpid(@pid) rescue nil # rubocop:disable Style/RescueModifier
     end
-    wait_until(5) { group_pids.empty? } || kill_group("KILL")
-    wait_until(5) { group_pids.empty? }
+    wait_for(nil, timeout: 5) { group_pids.empty? } || kill_group("KILL")
+    wait_for(nil, timeout: 5) { group_pids.empty? }
     @stopped_cleanly = stopped ? true : false
   ensure
     @final_log = log
@@ -260,16 +260,5 @@ class PumaCluster
       fields = line.split
       fields[1].split(":").last.to_i(16) if inodes.include?(fields[9])
     end.to_set
-  end
-
-  def wait_until(timeout)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-    loop do
-      result = yield
-      return result if result
-      return nil if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-      sleep 0.05
-    end
   end
 end

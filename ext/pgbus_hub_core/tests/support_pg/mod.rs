@@ -24,15 +24,17 @@ pub fn listener_config(url: &str, tag: &str, log: LogSink) -> ListenerConfig {
     }
 }
 
+/// Set to 1 on a machine without PostgreSQL to let the tests that need it
+/// skip. Unset, a missing server fails them: `cargo test` must never pass by
+/// testing nothing. `rake test` and `.ci/run` never set it.
+pub const SKIP_VARIABLE: &str = "PGBUS_HUB_SKIP_PG_TESTS";
+
 /// The run's database (`rake test` sets PGBUS_HUB_TEST_DATABASE_URL to one
-/// of its own), or None (the test skips) when none is configured and nothing
-/// answers on the default socket. A configured database that does not answer
-/// fails the test: a run pointed at a server must never pass by skipping.
+/// of its own), else the default socket's; None (the test skips) only when
+/// it does not answer and [`SKIP_VARIABLE`] allows skipping.
 pub fn database_url() -> Option<String> {
     let configured = configured_database_url();
-    let url = configured
-        .clone()
-        .unwrap_or_else(|| "host=/var/run/postgresql dbname=pgbus_hub_test".into());
+    let url = configured.clone().unwrap_or_else(default_database_url);
     match postgres::Client::connect(&url, postgres::NoTls) {
         Ok(_) => Some(url),
         Err(e) => skip_or_fail(
@@ -42,6 +44,11 @@ pub fn database_url() -> Option<String> {
     }
 }
 
+/// Where the tests look when nothing is configured (bin/setup creates it).
+pub fn default_database_url() -> String {
+    "host=/var/run/postgresql dbname=pgbus_hub_test".into()
+}
+
 /// PGBUS_HUB_TEST_DATABASE_URL, else DATABASE_URL, when either is set.
 pub fn configured_database_url() -> Option<String> {
     std::env::var("PGBUS_HUB_TEST_DATABASE_URL")
@@ -49,14 +56,23 @@ pub fn configured_database_url() -> Option<String> {
         .ok()
 }
 
-/// None after saying why the test skips, or a panic when the database was configured.
+/// None after saying why the test skips, when [`SKIP_VARIABLE`] is 1 and no
+/// database was configured for the run; otherwise a panic.
 pub fn skip_or_fail<T>(configured: bool, why: &str) -> Option<T> {
     assert!(
         !configured,
         "{why} (configured for this run, so this is a failure, not a skip)"
     );
-    eprintln!("skipping: {why}");
+    assert!(
+        skipping_allowed(),
+        "{why}; set {SKIP_VARIABLE}=1 to skip the PostgreSQL tests on a machine without a server"
+    );
+    eprintln!("skipping ({SKIP_VARIABLE}=1): {why}");
     None
+}
+
+pub fn skipping_allowed() -> bool {
+    std::env::var(SKIP_VARIABLE).is_ok_and(|value| value == "1")
 }
 
 /// NOTIFY on pgmq's channel for `queue`.
