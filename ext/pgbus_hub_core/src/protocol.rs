@@ -199,6 +199,10 @@ pub enum Message {
     /// (empty name, channel over PostgreSQL's 63-byte limit). pgbus's Ruby
     /// client logs it as an unknown frame and times out, as it would anyway.
     Nack { queue: String, reason: String },
+    /// Our extension, for `pgbus-hub status`: a request (`{"t":"stats"}`,
+    /// None) from any connection, answered by the hub with
+    /// `{"t":"stats","stats":{...}}` (Some). pgbus's peers never send it.
+    Stats(Option<Object>),
     /// Any other "t" (or none): decodes fine; receivers log and ignore it.
     Unknown(Object),
 }
@@ -226,6 +230,10 @@ enum Wire<'a> {
     Nack {
         q: &'a str,
         reason: &'a str,
+    },
+    Stats {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stats: Option<&'a Object>,
     },
     Listen {
         c: &'a str,
@@ -258,6 +266,7 @@ impl Message {
             Self::Wake(_) => "wake",
             Self::Status { .. } => "status",
             Self::Nack { .. } => "nack",
+            Self::Stats(_) => STATS_KIND,
             Self::Unknown(_) => "unknown",
         }
     }
@@ -282,6 +291,9 @@ impl Message {
             Self::Nack { queue, reason } => match key_channel(queue) {
                 Some(c) => Wire::NackChannel { c, reason },
                 None => Wire::Nack { q: queue, reason },
+            },
+            Self::Stats(stats) => Wire::Stats {
+                stats: stats.as_ref(),
             },
             Self::Unknown(object) => return encode_object(object),
         };
@@ -367,6 +379,11 @@ impl Message {
             "status" => match object.get("healthy") {
                 Some(Value::Bool(healthy)) => Self::Status { healthy: *healthy },
                 _ => return Err(bad("healthy")),
+            },
+            STATS_KIND => match object.remove("stats") {
+                None => Self::Stats(None),
+                Some(Value::Object(stats)) => Self::Stats(Some(stats)),
+                Some(_) => return Err(bad("stats")),
             },
             _ => Self::Unknown(object),
         })
@@ -600,6 +617,26 @@ mod tests {
         let object = decoder.next_frame().unwrap().unwrap();
         assert_eq!(Message::from_object(object).unwrap(), message);
         assert!(!decoder.has_partial_frame());
+    }
+
+    #[test]
+    fn stats_request_and_answer_are_typed() {
+        let request = Message::Stats(None).encode().unwrap();
+        assert_eq!(&request[4..], br#"{"t":"stats"}"#);
+        let mut stats = Object::new();
+        stats.insert("workers".into(), 4.into());
+        let answer = Message::Stats(Some(stats));
+        let mut decoder = Decoder::new();
+        decoder.feed(&request);
+        decoder.feed(&answer.encode().unwrap());
+        let decoded: Vec<Message> = std::iter::from_fn(|| decoder.next_frame().unwrap())
+            .map(|object| Message::from_object(object).unwrap())
+            .collect();
+        assert_eq!(decoded, [Message::Stats(None), answer]);
+        let mut bad = Object::new();
+        bad.insert("t".into(), "stats".into());
+        bad.insert("stats".into(), "not an object".into());
+        assert!(Message::from_object(bad).is_err());
     }
 
     #[test]

@@ -262,16 +262,9 @@ fn sixteen_workers_share_one_listen_connection() {
 impl Peer {
     /// Sends our `{"t":"stats"}` extension; returns the answer's `stats` object.
     fn ask_stats(&mut self) -> serde_json::Map<String, serde_json::Value> {
-        let mut request = serde_json::Map::new();
-        request.insert("t".into(), "stats".into());
-        self.send(Message::Unknown(request));
+        self.send(Message::Stats(None));
         match self.next_non_status() {
-            Some(Message::Unknown(mut reply)) if reply["t"] == "stats" => {
-                match reply.remove("stats") {
-                    Some(serde_json::Value::Object(stats)) => stats,
-                    other => panic!("stats answer without a stats object: {other:?}"),
-                }
-            }
+            Some(Message::Stats(Some(stats))) => stats,
             other => panic!("expected a stats answer, got {other:?}"),
         }
     }

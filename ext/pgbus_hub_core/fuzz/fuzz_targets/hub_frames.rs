@@ -180,7 +180,8 @@ impl Hub {
                 },
                 Err(_) => return self.disconnect(slot),
             };
-            if !matches!(message, Message::Unknown(_)) {
+            // Unknown and Stats carry arbitrary JSON, whose floats need not re-encode alike.
+            if !matches!(message, Message::Unknown(_) | Message::Stats(_)) {
                 let frame = message.encode().expect("a decoded message re-encodes");
                 let mut decoder = Decoder::new();
                 decoder.feed(&frame);

@@ -653,7 +653,7 @@ impl Inner {
             Message::Nack { queue, reason } => {
                 self.answer_oldest(&queue, "nack", Outcome::Rejected(reason))
             }
-            Message::Sub(_) | Message::Unsub(_) | Message::Unknown(_) => {
+            Message::Sub(_) | Message::Unsub(_) | Message::Stats(_) | Message::Unknown(_) => {
                 self.log.warn(format!(
                     "{LOG_PREFIX} hub sent unknown frame {}; ignored",
                     describe_kind(&message)
@@ -679,6 +679,7 @@ fn describe_kind(message: &Message) -> String {
     match message {
         Message::Sub(_) => "\"sub\"".into(),
         Message::Unsub(_) => "\"unsub\"".into(),
+        Message::Stats(_) => "\"stats\"".into(),
         Message::Unknown(object) => match object.get("t") {
             Some(kind) => kind.to_string(),
             None => "without \"t\"".into(),

@@ -2,7 +2,7 @@
 //! (`pgbus-hub status`, `Pgbus::Hub.stats`): our `{"t":"stats"}` frame and
 //! its answer, on a connection of its own that the hub does not count as a worker.
 
-use crate::protocol::{encode_object, Decoder, Message, Object, STATS_KIND};
+use crate::protocol::{Decoder, Message, Object};
 use crate::transport::socket::{ClientSocket, ConnectError, Readiness};
 use crossbeam_channel::Receiver;
 use std::fmt;
@@ -74,9 +74,9 @@ pub fn request_stats(
         ConnectError::Cancelled => StatsError::Interrupted,
         ConnectError::Failed(e) => unreachable(e.to_string()),
     })?;
-    let mut request = Object::new();
-    request.insert("t".into(), STATS_KIND.into());
-    let frame = encode_object(&request).expect("a one-key object always encodes");
+    let frame = Message::Stats(None)
+        .encode()
+        .expect("a one-key object always encodes");
     let deadline = Instant::now() + timeout;
     socket
         .write_frame(&frame, Some(deadline), cancel)
@@ -84,13 +84,8 @@ pub fn request_stats(
     let mut decoder = Decoder::default();
     loop {
         while let Some(message) = decoder.next_message().map_err(|_| closed())? {
-            if let Message::Unknown(mut object) = message {
-                let stats = object.remove("stats");
-                if object.get("t").and_then(|t| t.as_str()) == Some(STATS_KIND) {
-                    if let Some(serde_json::Value::Object(stats)) = stats {
-                        return Ok(stats);
-                    }
-                }
+            if let Message::Stats(Some(stats)) = message {
+                return Ok(stats);
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());

@@ -12,6 +12,7 @@
 //! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
 //! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
 
+mod command;
 mod outbox;
 mod registry;
 mod router;
@@ -374,7 +375,7 @@ async fn run(
         }
     };
     let (router, inputs) = Router::new(shared.clone(), &config);
-    tokio::spawn(router::accept_loop(
+    tokio::spawn(server::accept_loop(
         shared,
         unix,
         router.commands(),

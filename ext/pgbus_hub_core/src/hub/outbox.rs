@@ -17,7 +17,6 @@
 //! owe them all without starving live wakes or losing the catch-up to the
 //! durable limit.
 
-use super::worker::Worker;
 use crate::log::LogSink;
 use crate::protocol::Frame;
 use std::collections::VecDeque;
@@ -36,25 +35,60 @@ pub enum Enqueued {
     Queued,
     /// A durable wake over `durable_queue_limit`: dropped (it self-heals on the next read).
     Dropped,
-    /// Over `hard_queue_limit`: the worker was severed (its client fails over).
+    /// Over `hard_queue_limit`: the worker must be evicted ([`Outbox::close`],
+    /// then sever the connection; its client fails over).
     Evicted,
     /// The worker is already gone.
     Closed,
 }
 
-/// One worker's queued frames, in order, each marked droppable or not, and
-/// the catch-up wakes it is owed.
+/// One worker's queued frames, in order, each marked droppable or not, the
+/// catch-up wakes it is owed, and whether its connection is closed and its
+/// fd released. Its worker holds it under a lock and acts on what the
+/// methods return (wake the writer, sever the connection).
 #[derive(Default)]
 pub struct Outbox {
     frames: VecDeque<(Frame, bool)>,
     durable: usize,
     catch_up: VecDeque<Frame>,
-    pub closed: bool,
-    /// Set (under this lock) before the reader drops its half: from then on the fd may be reused.
-    pub fd_released: bool,
+    closed: bool,
+    /// Set before the reader drops its half: from then on the fd may be reused.
+    fd_released: bool,
 }
 
 impl Outbox {
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Closes it for good and drops what is queued. True if the caller must
+    /// sever the connection (its fd is still ours to shut down).
+    #[must_use]
+    pub fn close(&mut self) -> bool {
+        self.closed = true;
+        self.clear();
+        !self.fd_released
+    }
+
+    /// The reader is about to drop its half: closes it, and returns true if
+    /// the caller must sever the connection first (under the same lock, so
+    /// nobody severs a reused fd afterwards).
+    #[must_use]
+    pub fn release_fd(&mut self) -> bool {
+        self.closed = true;
+        !std::mem::replace(&mut self.fd_released, true)
+    }
+
+    /// Owes these catch-up wakes, replacing any still owed (a newer
+    /// reconnect's set supersedes an older one). False if closed.
+    pub fn owe_catch_up(&mut self, frames: Vec<Frame>) -> bool {
+        if self.closed {
+            return false;
+        }
+        self.catch_up = frames.into();
+        true
+    }
+
     /// Moves up to `max` frames, oldest first, into `batch` (the writer's);
     /// catch-up wakes only once no live frame is left, and only up to
     /// `catch_up_max` of them (the writer paces them, see `worker::write_loop`).
@@ -80,7 +114,7 @@ impl Outbox {
         !self.catch_up.is_empty()
     }
 
-    pub fn clear(&mut self) {
+    fn clear(&mut self) {
         self.frames.clear();
         self.durable = 0;
         self.catch_up.clear();
@@ -112,21 +146,26 @@ impl Backpressure {
         }
     }
 
-    /// Queues `frame` for `worker`, or drops it, or evicts the worker; counts
-    /// and logs the outcome. Never blocks. `droppable`: a durable wake.
-    pub fn offer(&self, worker: &Worker, frame: Frame, droppable: bool) -> Enqueued {
-        let mut outbox = worker.outbox();
+    /// Queues `frame` in `outbox`, or drops it, or says to evict its worker;
+    /// counts and logs the outcome, naming the worker by
+    /// `label` (called only to log). Never blocks. `droppable`: a durable wake.
+    pub fn offer(
+        &self,
+        outbox: &mut Outbox,
+        frame: Frame,
+        droppable: bool,
+        label: &dyn Fn() -> String,
+    ) -> Enqueued {
         if outbox.closed {
             return Enqueued::Closed;
         }
         if droppable && outbox.durable >= self.durable_limit {
-            drop(outbox);
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if dropped == 1 || dropped % DROP_LOG_EVERY == 0 {
                 self.log.warn(format!(
                     "dropped {dropped} durable wake(s) so far: {} has {} queued \
                      (durable_queue_limit); durable streams catch up on their next read",
-                    worker.label(),
+                    label(),
                     self.durable_limit
                 ));
             }
@@ -135,32 +174,15 @@ impl Backpressure {
         outbox.frames.push_back((frame, droppable));
         outbox.durable += usize::from(droppable);
         if outbox.frames.len() > self.hard_limit {
-            drop(outbox);
-            worker.close();
             self.evicted.fetch_add(1, Ordering::Relaxed);
             self.log.warn(format!(
                 "evicting {}: outbound queue exceeded {} frames (worker not draining) — \
                  it falls back to its own listener",
-                worker.label(),
+                label(),
                 self.hard_limit
             ));
             return Enqueued::Evicted;
         }
-        drop(outbox);
-        worker.frames_ready();
-        Enqueued::Queued
-    }
-
-    /// Owes `worker` these catch-up wakes, replacing any it was still owed
-    /// (a newer reconnect's set supersedes an older one).
-    pub fn owe_catch_up(&self, worker: &Worker, frames: Vec<Frame>) -> Enqueued {
-        let mut outbox = worker.outbox();
-        if outbox.closed {
-            return Enqueued::Closed;
-        }
-        outbox.catch_up = frames.into();
-        drop(outbox);
-        worker.frames_ready();
         Enqueued::Queued
     }
 

@@ -5,12 +5,12 @@
 //! and broadcasts the hub's health. Nothing else mutates this state, so it
 //! needs no lock.
 
+use super::command::{Command, Commands};
 use super::registry::Registry;
-use super::server;
 use super::worker::{Worker, WorkerId};
 use super::{HubConfig, Shared};
 use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
-use crate::protocol::{encode_object, Frame, Message, Wake, STATS_KIND};
+use crate::protocol::{Frame, Message, Wake};
 use crate::shutdown::Shutdown;
 use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
@@ -35,26 +35,6 @@ const STATS_RAW_CHANNEL_NAMES: usize = 20;
 /// A zero status interval would spin; 10 ms is far below any useful health cadence.
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(10);
 
-pub enum Command {
-    /// A connection of our uid was accepted.
-    Accepted {
-        stream: tokio::net::UnixStream,
-        peer_pid: Option<i32>,
-    },
-    Sub {
-        worker: WorkerId,
-        queue: String,
-    },
-    Unsub {
-        worker: WorkerId,
-        queue: String,
-    },
-    /// Our `{"t":"stats"}` extension.
-    Stats(WorkerId),
-    /// The worker's connection ended.
-    Gone(WorkerId),
-}
-
 /// What the LISTEN engine sends the router (unbounded: the engine never
 /// waits on the router, and neither a wake nor an answer may be lost).
 enum FromEngine {
@@ -65,8 +45,6 @@ enum FromEngine {
         outcome: Result<(), ListenError>,
     },
 }
-
-pub type Commands = mpsc::Sender<Command>;
 
 /// A sub waiting for the engine's LISTEN.
 struct PendingSub {
@@ -437,9 +415,7 @@ impl Router {
     fn send(&self, worker: &Worker, message: &Message) {
         match message.encode() {
             Ok(frame) => {
-                self.shared
-                    .backpressure
-                    .offer(worker, Frame::from(frame), false);
+                worker.offer(&self.shared.backpressure, Frame::from(frame), false);
             }
             Err(e) => self
                 .shared
@@ -464,9 +440,11 @@ impl Router {
             return;
         };
         for worker in workers {
-            self.shared
-                .backpressure
-                .offer(worker, frame.clone(), wake.is_droppable());
+            worker.offer(
+                &self.shared.backpressure,
+                frame.clone(),
+                wake.is_droppable(),
+            );
         }
     }
 
@@ -499,7 +477,7 @@ impl Router {
         }
         for (id, frames) in owed {
             if let Some(worker) = self.workers.get(&id) {
-                self.shared.backpressure.owe_catch_up(worker, frames);
+                worker.owe_catch_up(frames);
             }
         }
     }
@@ -530,7 +508,7 @@ impl Router {
         };
         let frame = Frame::from(frame);
         for worker in self.workers.values() {
-            self.shared.backpressure.offer(worker, frame.clone(), false);
+            worker.offer(&self.shared.backpressure, frame.clone(), false);
         }
         let outage_began = healthy == self.outage && !healthy;
         self.outage = !healthy;
@@ -561,24 +539,11 @@ impl Router {
             self.monitors.insert(worker_id);
         }
         self.publish_counts();
-        let mut reply = serde_json::Map::new();
-        reply.insert("t".into(), STATS_KIND.into());
         let mut stats = self.shared.stats(1).fields();
         // Names only here, for `pgbus-hub status`: a bounded list, computed on request.
         let names = self.registry.raw_channel_names(STATS_RAW_CHANNEL_NAMES);
         stats.insert("raw_channel_names".into(), names.into());
-        reply.insert("stats".into(), stats.into());
-        match encode_object(&reply) {
-            Ok(frame) => {
-                self.shared
-                    .backpressure
-                    .offer(&worker, Frame::from(frame), false);
-            }
-            Err(e) => self
-                .shared
-                .log
-                .error(format!("cannot encode a stats frame: {e}")),
-        }
+        self.send(&worker, &Message::Stats(Some(stats)));
     }
 }
 
@@ -611,76 +576,6 @@ fn nack(queue: &str, error: &ListenError) -> Message {
 
 /// Accepts connections until `shutdown`; peers of another uid are refused
 /// here, everyone else is handed to the router.
-pub async fn accept_loop(
-    shared: Arc<Shared>,
-    unix: tokio::net::UnixListener,
-    commands: Commands,
-    mut shutdown: Shutdown,
-) {
-    /// Pause after accept(2) fails (EMFILE under an fd flood): retrying at once would spin.
-    const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-    let own_uid = server::own_uid();
-    let mut refused_uids = HashSet::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.wait() => return,
-            accepted = unix.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                shared
-                    .log
-                    .warn(format!("accept on the hub socket failed: {e} — retrying"));
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let cred = stream.peer_cred();
-        let peer_uid = cred
-            .as_ref()
-            .map(|cred| cred.uid())
-            .map_err(|e| std::io::Error::from(e.kind()));
-        if peer_uid.as_ref().ok() != Some(&own_uid) {
-            refuse_peer(&shared, &mut refused_uids, &stream, peer_uid, own_uid);
-            continue;
-        }
-        let peer_pid = cred.ok().and_then(|cred| cred.pid());
-        if commands
-            .send(Command::Accepted { stream, peer_pid })
-            .await
-            .is_err()
-        {
-            return;
-        }
-    }
-}
-
-/// Counts every refused peer, logs each uid once (a hostile loop must not flood the log).
-fn refuse_peer(
-    shared: &Shared,
-    refused_uids: &mut HashSet<u32>,
-    stream: &tokio::net::UnixStream,
-    peer_uid: std::io::Result<u32>,
-    own_uid: u32,
-) {
-    shared.rejected_peers.fetch_add(1, Ordering::Relaxed);
-    let first_time = match &peer_uid {
-        Ok(uid) => refused_uids.insert(*uid),
-        Err(_) => true,
-    };
-    if first_time {
-        let who = match peer_uid {
-            Ok(uid) => format!("uid {uid}"),
-            Err(e) => format!("an unidentifiable peer ({e})"),
-        };
-        shared.log.warn(format!(
-            "refused a hub connection from {who}: the hub only serves uid {own_uid}"
-        ));
-    }
-    server::sever(std::os::fd::AsRawFd::as_raw_fd(stream));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

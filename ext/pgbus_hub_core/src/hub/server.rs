@@ -1,12 +1,20 @@
 //! The hub's Unix socket: created private (mode 0600 from the first instant),
-//! never replacing anything but a stale socket, and peers checked by uid.
+//! never replacing anything but a stale socket; the accept loop, which
+//! checks every peer's uid and hands the router only our own.
 
+use super::command::{Command, Commands};
+use super::Shared;
+use crate::shutdown::Shutdown;
 use crate::sync::lock;
+use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// Backlog for `listen(2)`: a phased restart reconnects every worker at once;
 /// 1024 covers far more workers than one host runs (the kernel caps it at somaxconn).
@@ -97,4 +105,74 @@ pub fn own_uid() -> u32 {
 pub fn sever(fd: std::os::fd::RawFd) {
     // SAFETY: callers pass an fd they still own; shutdown does not close it.
     unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+pub(super) async fn accept_loop(
+    shared: Arc<Shared>,
+    unix: tokio::net::UnixListener,
+    commands: Commands,
+    mut shutdown: Shutdown,
+) {
+    /// Pause after accept(2) fails (EMFILE under an fd flood): retrying at once would spin.
+    const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+    let own_uid = own_uid();
+    let mut refused_uids = HashSet::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait() => return,
+            accepted = unix.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                shared
+                    .log
+                    .warn(format!("accept on the hub socket failed: {e} — retrying"));
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let cred = stream.peer_cred();
+        let peer_uid = cred
+            .as_ref()
+            .map(|cred| cred.uid())
+            .map_err(|e| std::io::Error::from(e.kind()));
+        if peer_uid.as_ref().ok() != Some(&own_uid) {
+            refuse_peer(&shared, &mut refused_uids, &stream, peer_uid, own_uid);
+            continue;
+        }
+        let peer_pid = cred.ok().and_then(|cred| cred.pid());
+        if commands
+            .send(Command::Accepted { stream, peer_pid })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Counts every refused peer, logs each uid once (a hostile loop must not flood the log).
+fn refuse_peer(
+    shared: &Shared,
+    refused_uids: &mut HashSet<u32>,
+    stream: &tokio::net::UnixStream,
+    peer_uid: std::io::Result<u32>,
+    own_uid: u32,
+) {
+    shared.rejected_peers.fetch_add(1, Ordering::Relaxed);
+    let first_time = match &peer_uid {
+        Ok(uid) => refused_uids.insert(*uid),
+        Err(_) => true,
+    };
+    if first_time {
+        let who = match peer_uid {
+            Ok(uid) => format!("uid {uid}"),
+            Err(e) => format!("an unidentifiable peer ({e})"),
+        };
+        shared.log.warn(format!(
+            "refused a hub connection from {who}: the hub only serves uid {own_uid}"
+        ));
+    }
+    sever(std::os::fd::AsRawFd::as_raw_fd(stream));
 }

@@ -2,12 +2,13 @@
 //! task that decodes its frames and turns them into commands for the router.
 //! Neither ever blocks another worker.
 
-use super::outbox::Outbox;
-use super::router::{Command, Commands};
+use super::command::{Command, Commands};
+use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
 use super::Shared;
 use crate::log::LogSink;
-use crate::protocol::{Message, STATS_KIND};
+use crate::protocol::Frame;
+use crate::protocol::Message;
 use crate::sync::lock;
 use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
@@ -102,9 +103,26 @@ impl Worker {
         lock(&self.outbox)
     }
 
-    /// Wakes the writer: frames were queued.
-    pub(super) fn frames_ready(&self) {
-        self.ready.notify_one();
+    /// Queues `frame` under `backpressure`'s rules; wakes the writer, or
+    /// evicts this worker when the rules say so.
+    pub fn offer(&self, backpressure: &Backpressure, frame: Frame, droppable: bool) -> Enqueued {
+        let mut outbox = self.outbox();
+        let outcome = backpressure.offer(&mut outbox, frame, droppable, &|| self.label());
+        if outcome == Enqueued::Evicted && outbox.close() {
+            sever(self.fd);
+        }
+        drop(outbox);
+        if matches!(outcome, Enqueued::Queued | Enqueued::Evicted) {
+            self.ready.notify_one();
+        }
+        outcome
+    }
+
+    /// Owes this worker the catch-up wakes `frames` (see [`Outbox::owe_catch_up`]).
+    pub fn owe_catch_up(&self, frames: Vec<Frame>) {
+        if self.outbox().owe_catch_up(frames) {
+            self.ready.notify_one();
+        }
     }
 
     /// True the first time only: a hostile peer's refusals are logged once.
@@ -120,9 +138,7 @@ impl Worker {
     /// Closes the connection for good: shutdown(2) (reaching every forked copy), writer released.
     pub fn close(&self) {
         let mut outbox = self.outbox();
-        outbox.closed = true;
-        outbox.clear();
-        if !outbox.fd_released {
+        if outbox.close() {
             sever(self.fd);
         }
         drop(outbox);
@@ -142,7 +158,7 @@ async fn write_loop(worker: Arc<Worker>, mut writer: FrameWriter, shared: Arc<Sh
         let (closed, owed) = {
             let mut outbox = worker.outbox();
             outbox.take(&mut batch, FRAMES_PER_BATCH, catch_up_room);
-            (outbox.closed, outbox.owes_catch_up())
+            (outbox.is_closed(), outbox.owes_catch_up())
         };
         if closed {
             break;
@@ -200,11 +216,10 @@ async fn read_loop(worker: Arc<Worker>, mut reader: FrameReader, log: LogSink, c
     }
     {
         let mut outbox = worker.outbox();
-        outbox.closed = true;
-        // Sever while our half still holds the fd open, then mark it released.
-        if !outbox.fd_released {
+        // Sever while our half still holds the fd open (and the lock: nobody
+        // severs the fd once it is marked released and may be reused).
+        if outbox.release_fd() {
             sever(worker.fd);
-            outbox.fd_released = true;
         }
     }
     worker.ready.notify_one();
@@ -241,11 +256,7 @@ fn command_for(worker: &Arc<Worker>, log: &LogSink, message: Message) -> Next {
             worker: worker.id,
             queue,
         }),
-        Message::Unknown(object)
-            if object.get("t").and_then(|t| t.as_str()) == Some(STATS_KIND) =>
-        {
-            Next::Send(Command::Stats(worker.id))
-        }
+        Message::Stats(_) => Next::Send(Command::Stats(worker.id)),
         Message::Unknown(object) => {
             let kind = object
                 .get("t")

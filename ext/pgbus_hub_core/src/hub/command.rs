@@ -1,0 +1,28 @@
+//! What workers' readers and the accept loop ask of the router, and the
+//! bounded queue they send it on: the one type the hub's tasks share, so
+//! none of them depends on the router.
+
+use super::registry::WorkerId;
+use tokio::sync::mpsc;
+
+pub enum Command {
+    /// A connection of our uid was accepted.
+    Accepted {
+        stream: tokio::net::UnixStream,
+        peer_pid: Option<i32>,
+    },
+    Sub {
+        worker: WorkerId,
+        queue: String,
+    },
+    Unsub {
+        worker: WorkerId,
+        queue: String,
+    },
+    /// Our `{"t":"stats"}` extension.
+    Stats(WorkerId),
+    /// The worker's connection ended.
+    Gone(WorkerId),
+}
+
+pub type Commands = mpsc::Sender<Command>;
