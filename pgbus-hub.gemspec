@@ -19,7 +19,7 @@ Gem::Specification.new do |spec|
                      "plus a Puma plugin: workers share one LISTEN connection over a Unix socket."
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
-  spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "CHANGELOG.md", "LICENSE"]
+  spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "docs/*.md", "CHANGELOG.md", "LICENSE"]
   spec.require_paths = ["lib"]
   spec.bindir = "exe"
   spec.executables = ["pgbus-hub"]

@@ -52,7 +52,7 @@ pub fn connection(ruby: &Ruby, value: Value) -> Result<ConnectionOptions, Error>
 }
 
 /// The libpq keywords an ActiveRecord configuration passes on to the hub,
-/// by their libpq names (README, "Connection"); adapter-only keys (pool,
+/// by their libpq names (docs/configuration.md, "Connection options"); adapter-only keys (pool,
 /// encoding, ...) are left out.
 const ACTIVE_RECORD_LIBPQ_KEYS: &[&str] = &[
     "host",

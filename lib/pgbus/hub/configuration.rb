@@ -2,7 +2,7 @@
 
 module Pgbus
   module Hub
-    # Pgbus::Hub.configure's settings (README, "Configuration"): connection
+    # Pgbus::Hub.configure's settings (docs/configuration.md): connection
     # (unset under pgbus: pgbus's is used), listen_scope, socket_path and every
     # key of DEFAULTS but the workers' ack_timeout (derived from health_check_ms),
     # each checked as it is set (Pgbus::Hub.check_setting): a typo fails the boot.
