@@ -1,143 +1,37 @@
 //! libpq-style connection options (URL, keyword string, keyword pairs) turned
-//! into a tokio-postgres [`Config`] plus TLS settings: parsing and libpq's
-//! defaults here; TLS in [`tls`], the password file in [`pgpass`], service
-//! files in [`service`], opening a connection in [`connect`], SQL quoting in
-//! [`quote`].
+//! into a tokio-postgres [`Config`] plus TLS settings. Here: [`ConnectionOptions`],
+//! which resolves them in libpq's order. The syntax of URLs and keyword
+//! strings is in [`syntax`], which keywords mean what in [`keywords`],
+//! libpq's defaults in [`defaults`], service files in [`service`], the
+//! password file in [`pgpass`], TLS in [`tls`], opening a connection in
+//! [`connect`], SQL quoting in [`quote`].
 
 mod connect;
+mod defaults;
+mod keywords;
 mod pgpass;
 mod quote;
 mod service;
+mod syntax;
 mod tls;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 
-use tokio_postgres::config::{Host, SslNegotiation};
 use tokio_postgres::Config;
 
 pub use connect::{describe, ConnectError, Connected, ServerMessage, DEFAULT_CONNECT_TIMEOUT};
+use defaults::{apply_compiled_defaults, env_nonempty, home_dir, DEFAULT_PORT, USER_PASSFILE};
+use keywords::{check_keyword, parse_gssencmode, ENV_DEFAULTS};
 pub use quote::{quote_ident, quote_literal, QuoteError};
+use syntax::{host_text, parse_keywords, url_pairs};
 pub use tls::{PgConnection, TlsPolicy};
-use tls::{TlsSettings, SYSTEM_ROOTS};
+use tls::{TlsKeywords, TlsSettings};
 
 /// The census tag operators count in `pg_stat_activity` (pgbus's `APP_NAME`),
 /// used unless the options name an `application_name` themselves.
 pub const DEFAULT_APPLICATION_NAME: &str = "pgbus-listen";
-
-/// Debian's libpq default socket directory; elsewhere libpq uses /tmp.
-const DEBIAN_SOCKET_DIR: &str = "/var/run/postgresql";
-
-/// Debian's libpq `sysconfdir` (`pg_config --sysconfdir`), where the
-/// system-wide `pg_service.conf` is sought unless `PGSYSCONFDIR` names another.
-const DEBIAN_SYSCONFDIR: &str = "/etc/postgresql-common";
-
-/// libpq's port when none is given (tokio-postgres uses the same).
-const DEFAULT_PORT: u16 = 5432;
-
-/// libpq's per-user files, relative to the home directory.
-const USER_PASSFILE: &str = ".pgpass";
-const USER_SERVICEFILE: &str = ".pg_service.conf";
-
-/// Keywords tokio-postgres understands; passed through to its parser.
-const PASSTHROUGH_KEYWORDS: &[&str] = &[
-    "user",
-    "password",
-    "dbname",
-    "options",
-    "host",
-    "hostaddr",
-    "port",
-    "connect_timeout",
-    "tcp_user_timeout",
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_retries",
-    "target_session_attrs",
-    "channel_binding",
-    "load_balance_hosts",
-    "sslnegotiation",
-];
-
-const GSSAPI_UNSUPPORTED: &str =
-    "GSSAPI/Kerberos authentication is not supported (tokio-postgres has no GSSAPI)";
-const OAUTH_UNSUPPORTED: &str = "OAuth authentication is not supported (tokio-postgres has none)";
-
-/// libpq keywords this client cannot honour, each with the reason; refused
-/// by name rather than silently ignored (ignoring one could weaken security
-/// or connect somewhere else than libpq would).
-const UNSUPPORTED_KEYWORDS: &[(&str, &str)] = &[
-    (
-        "sslpassword",
-        "encrypted client keys are not supported; decrypt the key (openssl pkey) and leave sslpassword out",
-    ),
-    ("sslkeylogfile", "writing TLS session keys to a file is not supported"),
-    ("requiressl", "deprecated in libpq; use sslmode=require"),
-    ("gsslib", GSSAPI_UNSUPPORTED),
-    ("gssdelegation", GSSAPI_UNSUPPORTED),
-    ("krbsrvname", GSSAPI_UNSUPPORTED),
-    (
-        "requirepeer",
-        "checking the server process's user over a Unix socket is not implemented",
-    ),
-    (
-        "require_auth",
-        "tokio-postgres cannot restrict the server's authentication methods",
-    ),
-    (
-        "replication",
-        "the hub needs an ordinary session (LISTEN), not a replication connection",
-    ),
-    ("min_protocol_version", "tokio-postgres speaks protocol 3.0 only"),
-    ("max_protocol_version", "tokio-postgres speaks protocol 3.0 only"),
-    ("oauth_issuer", OAUTH_UNSUPPORTED),
-    ("oauth_client_id", OAUTH_UNSUPPORTED),
-    ("oauth_client_secret", OAUTH_UNSUPPORTED),
-    ("oauth_scope", OAUTH_UNSUPPORTED),
-];
-
-/// libpq's environment variables, each the default of one keyword: used
-/// when neither the options nor the service set it, through the same checks
-/// (so one naming an unsupported feature is refused, not ignored).
-/// `PGSERVICE`/`PGSERVICEFILE` are read before, to find the service.
-const ENV_DEFAULTS: &[(&str, &str)] = &[
-    ("host", "PGHOST"),
-    ("hostaddr", "PGHOSTADDR"),
-    ("port", "PGPORT"),
-    ("dbname", "PGDATABASE"),
-    ("user", "PGUSER"),
-    ("password", "PGPASSWORD"),
-    ("passfile", "PGPASSFILE"),
-    ("channel_binding", "PGCHANNELBINDING"),
-    ("connect_timeout", "PGCONNECT_TIMEOUT"),
-    ("options", "PGOPTIONS"),
-    ("application_name", "PGAPPNAME"),
-    ("client_encoding", "PGCLIENTENCODING"),
-    ("sslmode", "PGSSLMODE"),
-    ("sslnegotiation", "PGSSLNEGOTIATION"),
-    ("sslcompression", "PGSSLCOMPRESSION"),
-    ("sslcert", "PGSSLCERT"),
-    ("sslkey", "PGSSLKEY"),
-    ("sslcertmode", "PGSSLCERTMODE"),
-    ("sslrootcert", "PGSSLROOTCERT"),
-    ("sslcrl", "PGSSLCRL"),
-    ("sslcrldir", "PGSSLCRLDIR"),
-    ("sslsni", "PGSSLSNI"),
-    ("requirepeer", "PGREQUIREPEER"),
-    ("require_auth", "PGREQUIREAUTH"),
-    ("ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"),
-    ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"),
-    ("gssencmode", "PGGSSENCMODE"),
-    ("krbsrvname", "PGKRBSRVNAME"),
-    ("gsslib", "PGGSSLIB"),
-    ("gssdelegation", "PGGSSDELEGATION"),
-    ("target_session_attrs", "PGTARGETSESSIONATTRS"),
-    ("load_balance_hosts", "PGLOADBALANCEHOSTS"),
-    ("min_protocol_version", "PGMINPROTOCOLVERSION"),
-    ("max_protocol_version", "PGMAXPROTOCOLVERSION"),
-];
 
 /// A connection string or option set that cannot be used. Never contains a password.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,7 +84,7 @@ impl ConnectionOptions {
     pub fn from_pairs(pairs: Vec<(String, String)>) -> Result<Self, ConfigError> {
         let given: Vec<(String, String)> =
             pairs.into_iter().filter(|(_, v)| !v.is_empty()).collect();
-        let from_service = service_pairs(&given)?;
+        let from_service = service::pairs_for(&given)?;
         let mut passthrough = String::new();
         let mut intercepted = Intercepted::default();
         let mut add = |key: &str, value: &str| -> Result<(), ConfigError> {
@@ -317,92 +211,10 @@ impl ConnectionOptions {
     }
 }
 
-/// A URL as keyword pairs, so that it goes through the same checks, service
-/// lookup and defaults as a keyword string. tokio-postgres reads the part
-/// before `?` (user, password, hosts, ports, database); what it found there
-/// is what the URL gave.
-fn url_pairs(url: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let parsed = Config::from_str(base).map_err(|e| config_error(e.to_string()))?;
-    let mut pairs = Vec::new();
-    let mut push = |key: &str, value: String| pairs.push((key.to_string(), value));
-    let hosts: Vec<String> = parsed.get_hosts().iter().map(host_text).collect();
-    push("host", hosts.join(","));
-    let ports: Vec<String> = parsed.get_ports().iter().map(u16::to_string).collect();
-    push("port", ports.join(","));
-    push("user", parsed.get_user().unwrap_or_default().to_string());
-    let password = parsed.get_password().unwrap_or_default();
-    push(
-        "password",
-        String::from_utf8(password.to_vec())
-            .map_err(|_| config_error("the password in the URL is not valid UTF-8"))?,
-    );
-    push(
-        "dbname",
-        parsed.get_dbname().unwrap_or_default().to_string(),
-    );
-    for param in query.split('&').filter(|param| !param.is_empty()) {
-        let (raw_key, raw_value) = param.split_once('=').unwrap_or((param, ""));
-        push(&percent_decode(raw_key)?, percent_decode(raw_value)?);
-    }
-    Ok(pairs)
-}
-
-fn host_text(host: &Host) -> String {
-    match host {
-        Host::Tcp(name) => name.clone(),
-        Host::Unix(path) => path.display().to_string(),
-    }
-}
-
-/// The pairs of the `service` named in `given` (else `PGSERVICE`) that
-/// `given` does not set itself, and where they came from; None without a service.
-#[allow(clippy::type_complexity)]
-fn service_pairs(
-    given: &[(String, String)],
-) -> Result<Option<(String, Vec<(String, String)>)>, ConfigError> {
-    let last = |name: &str| {
-        given
-            .iter()
-            .rev()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.clone())
-    };
-    let Some(name) = last("service").or_else(|| env_nonempty("PGSERVICE")) else {
-        return Ok(None);
-    };
-    // PostgreSQL 18's `servicefile` keyword, else PGSERVICEFILE, else ~/.pg_service.conf.
-    let user_file = last("servicefile")
-        .or_else(|| env_nonempty("PGSERVICEFILE"))
-        .map(PathBuf::from)
-        .or_else(|| home_dir().map(|home| home.join(USER_SERVICEFILE)));
-    let system_file = PathBuf::from(
-        env_nonempty("PGSYSCONFDIR").unwrap_or_else(|| DEBIAN_SYSCONFDIR.to_string()),
-    )
-    .join("pg_service.conf");
-    let files: Vec<PathBuf> = user_file.into_iter().chain([system_file]).collect();
-    let (pairs, file) = service::lookup(&name, &files)?;
-    let origin = format!("from service \"{name}\" in \"{}\"", file.display());
-    let unset = pairs
-        .into_iter()
-        .filter(|(key, value)| !value.is_empty() && !given.iter().any(|(g, _)| g == key))
-        .collect();
-    Ok(Some((origin, unset)))
-}
-
 /// Keywords this module handles itself instead of tokio-postgres.
 #[derive(Default)]
 struct Intercepted {
-    sslmode: Option<String>,
-    sslrootcert: Option<String>,
-    sslcert: Option<String>,
-    sslkey: Option<String>,
-    sslcrl: Option<String>,
-    sslcrldir: Option<String>,
-    sslsni: Option<String>,
-    sslcertmode: Option<String>,
-    ssl_min_protocol_version: Option<String>,
-    ssl_max_protocol_version: Option<String>,
+    tls: TlsKeywords,
     passfile: Option<String>,
     gssencmode: Option<String>,
     application_name: Option<String>,
@@ -412,17 +224,10 @@ struct Intercepted {
 impl Intercepted {
     /// True if `key` was one of ours.
     fn take(&mut self, key: &str, value: &str) -> Result<bool, ConfigError> {
+        if self.tls.take(key, value) {
+            return Ok(true);
+        }
         let slot = match key {
-            "sslmode" => &mut self.sslmode,
-            "sslrootcert" => &mut self.sslrootcert,
-            "sslcert" => &mut self.sslcert,
-            "sslkey" => &mut self.sslkey,
-            "sslcrl" => &mut self.sslcrl,
-            "sslcrldir" => &mut self.sslcrldir,
-            "sslsni" => &mut self.sslsni,
-            "sslcertmode" => &mut self.sslcertmode,
-            "ssl_min_protocol_version" => &mut self.ssl_min_protocol_version,
-            "ssl_max_protocol_version" => &mut self.ssl_max_protocol_version,
             "passfile" => &mut self.passfile,
             "application_name" => &mut self.application_name,
             "fallback_application_name" => &mut self.fallback_application_name,
@@ -479,7 +284,7 @@ impl Intercepted {
             if let Some(path) = passfile {
                 match pgpass::read(&path) {
                     Ok(Some(text)) => {
-                        if let Some(password) = password_for_hosts(&config, &text, &path)? {
+                        if let Some(password) = pgpass::password_for_hosts(&config, &text, &path)? {
                             config.password(password);
                         }
                     }
@@ -494,7 +299,7 @@ impl Intercepted {
             .or(self.fallback_application_name.clone())
             .unwrap_or_else(|| DEFAULT_APPLICATION_NAME.to_string());
         config.application_name(&application_name);
-        let tls = self.tls_settings(&config, home)?;
+        let tls = self.tls.settings(&config, home)?;
         // Read the files now too, so that a bad path or key fails at boot.
         tls.connector()?;
         Ok(ConnectionOptions {
@@ -504,320 +309,6 @@ impl Intercepted {
             gssencmode: self.gssencmode,
             passfile_ignored,
         })
-    }
-
-    /// The TLS keywords, else their `PGSSL*` variables, with libpq's rules.
-    fn tls_settings(
-        &self,
-        config: &Config,
-        home: Option<PathBuf>,
-    ) -> Result<TlsSettings, ConfigError> {
-        let rootcert = self.sslrootcert.clone();
-        let system_roots = rootcert.as_deref() == Some(SYSTEM_ROOTS);
-        let mut policy = match &self.sslmode {
-            Some(mode) => TlsPolicy::parse(mode)?,
-            // libpq: sslrootcert=system makes verify-full the default.
-            None if system_roots => TlsPolicy::VerifyFull,
-            None => TlsPolicy::Prefer,
-        };
-        if system_roots && policy != TlsPolicy::VerifyFull {
-            return Err(config_error(format!(
-                "weak sslmode \"{}\" may not be used with sslrootcert=system (use \"verify-full\")",
-                policy.name()
-            )));
-        }
-        if config.get_ssl_negotiation() == SslNegotiation::Direct && !policy.always_encrypts() {
-            return Err(config_error(format!(
-                "weak sslmode \"{}\" may not be used with sslnegotiation=direct (use \"require\", \"verify-ca\", or \"verify-full\")",
-                policy.name()
-            )));
-        }
-        // libpq never uses TLS over a Unix socket (the kernel is the transport).
-        let all_unix = !config.get_hosts().is_empty()
-            && config.get_hostaddrs().is_empty()
-            && config
-                .get_hosts()
-                .iter()
-                .all(|host| matches!(host, Host::Unix(_)));
-        if all_unix {
-            policy = TlsPolicy::Disable;
-        }
-        if policy.always_encrypts() && config.get_hosts().is_empty() {
-            return Err(config_error(format!(
-                "sslmode={} needs `host` as well as `hostaddr`: the TLS handshake (and verify-full's name check) uses the host name",
-                policy.name()
-            )));
-        }
-        let sni = match self.sslsni.as_deref() {
-            None | Some("1") => true,
-            Some("0") => false,
-            Some(other) => {
-                return Err(config_error(format!(
-                    "invalid sslsni {other:?} (expected 0 or 1)"
-                )))
-            }
-        };
-        let send_client_cert = match self.sslcertmode.as_deref() {
-            None | Some("allow") => true,
-            Some("disable") => false,
-            Some("require") => {
-                return Err(config_error(
-                    "sslcertmode=require is not supported: pgbus-hub cannot tell whether the \
-                     server asked for the certificate (allow, the default, sends it when asked)",
-                ))
-            }
-            Some(other) => {
-                return Err(config_error(format!(
-                    "invalid sslcertmode {other:?} (expected allow, disable or require)"
-                )))
-            }
-        };
-        let protocol_versions = tls::protocol_versions(
-            self.ssl_min_protocol_version.as_deref(),
-            self.ssl_max_protocol_version.as_deref(),
-        )?;
-        Ok(TlsSettings {
-            policy,
-            protocol_versions,
-            send_client_cert,
-            rootcert,
-            cert: self.sslcert.clone(),
-            key: self.sslkey.clone(),
-            crl: self.sslcrl.clone(),
-            crldir: self.sslcrldir.clone(),
-            sni,
-            home,
-        })
-    }
-}
-
-/// The password file's password for this connection, or None. libpq looks
-/// it up per host; tokio-postgres sends one password to every host, so
-/// hosts the file gives different passwords (or a password for some only)
-/// are refused rather than one host's password sent to another.
-fn password_for_hosts(
-    config: &Config,
-    text: &str,
-    path: &Path,
-) -> Result<Option<String>, ConfigError> {
-    let user = config.get_user().unwrap_or_default();
-    let dbname = config.get_dbname().unwrap_or(user);
-    let ports = config.get_ports();
-    let count = config.get_hosts().len().max(config.get_hostaddrs().len());
-    let mut found: Vec<Option<String>> = (0..count)
-        .map(|i| {
-            let host = match config.get_hosts().get(i) {
-                // libpq matches its default socket directory as `localhost`.
-                Some(Host::Unix(dir)) if dir.as_path() == Path::new(default_socket_dir()) => {
-                    "localhost".to_string()
-                }
-                Some(host) => host_text(host),
-                None => config.get_hostaddrs()[i].to_string(),
-            };
-            let port = ports
-                .get(i)
-                .or(ports.first())
-                .copied()
-                .unwrap_or(DEFAULT_PORT);
-            let target = pgpass::PassTarget {
-                host,
-                port: port.to_string(),
-                dbname: dbname.to_string(),
-                user: user.to_string(),
-            };
-            pgpass::find_password(text, &target)
-        })
-        .collect();
-    found.dedup();
-    match found.as_slice() {
-        [] | [None] => Ok(None),
-        [Some(password)] => Ok(Some(password.clone())),
-        _ => Err(config_error(format!(
-            "password file \"{}\" gives this connection's hosts different passwords (or some none); \
-             pgbus-hub sends one password to every host: give `password`, or lines that agree",
-            path.display()
-        ))),
-    }
-}
-
-fn check_keyword(key: &str) -> Result<(), ConfigError> {
-    if PASSTHROUGH_KEYWORDS.contains(&key) {
-        return Ok(());
-    }
-    match UNSUPPORTED_KEYWORDS.iter().find(|(name, _)| *name == key) {
-        Some((_, reason)) => Err(config_error(format!(
-            "connection option `{key}` is not supported by pgbus-hub: {reason}"
-        ))),
-        None => Err(config_error(format!("unknown connection option `{key}`"))),
-    }
-}
-
-/// pgbus-hub never uses GSSAPI encryption: `disable` and `prefer` (libpq's
-/// default, which falls back to no GSS encryption) connect exactly as without
-/// the option; `require` cannot be honoured and is refused.
-fn parse_gssencmode(value: &str) -> Result<String, ConfigError> {
-    match value {
-        "disable" | "prefer" => Ok(value.to_string()),
-        "require" => Err(config_error(
-            "gssencmode=require is not supported: pgbus-hub never uses GSS encryption \
-             (use gssencmode=disable or prefer, or leave it out; TLS is sslmode)",
-        )),
-        other => Err(config_error(format!(
-            "invalid gssencmode {other:?} (expected disable, prefer or require)"
-        ))),
-    }
-}
-
-fn env_nonempty(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// libpq's compiled-in defaults, for what neither the options, the service
-/// nor the environment gave: the socket directory and the OS user.
-fn apply_compiled_defaults(config: &mut Config) -> Result<(), ConfigError> {
-    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        config.host(default_socket_dir());
-    }
-    if config.get_user().is_none() {
-        let user =
-            os_user().ok_or_else(|| config_error("no user given and the OS user is unknown"))?;
-        config.user(&user);
-    }
-    Ok(())
-}
-
-/// The socket directory used when no host is given: Debian's libpq default
-/// where it exists, else libpq's upstream /tmp.
-fn default_socket_dir() -> &'static str {
-    if Path::new(DEBIAN_SOCKET_DIR).is_dir() {
-        DEBIAN_SOCKET_DIR
-    } else {
-        "/tmp"
-    }
-}
-
-/// The effective user's login name (libpq's default user).
-fn os_user() -> Option<String> {
-    passwd_field(|entry| entry.pw_name)
-        .or_else(|| env_nonempty("USER"))
-        .or_else(|| env_nonempty("LOGNAME"))
-}
-
-/// The home directory for `~/.pgpass`, `~/.pg_service.conf` and
-/// `~/.postgresql/`: `HOME`, else the effective user's passwd entry (libpq's order).
-fn home_dir() -> Option<PathBuf> {
-    env_nonempty("HOME")
-        .or_else(|| passwd_field(|entry| entry.pw_dir))
-        .map(PathBuf::from)
-}
-
-/// One string field of the effective user's passwd entry.
-fn passwd_field(field: fn(&libc::passwd) -> *mut libc::c_char) -> Option<String> {
-    let mut buffer = vec![0 as libc::c_char; 4096];
-    // SAFETY: a zeroed passwd is a valid out-parameter for getpwuid_r.
-    let mut passwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: all pointers are valid for the call; buffer outlives the use of passwd.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            libc::geteuid(),
-            &mut passwd,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut result,
-        )
-    };
-    let pointer = field(&passwd);
-    if rc != 0 || result.is_null() || pointer.is_null() {
-        return None;
-    }
-    // SAFETY: getpwuid_r succeeded, the field points at a NUL-terminated string in buffer.
-    let text = unsafe { std::ffi::CStr::from_ptr(pointer) };
-    Some(text.to_string_lossy().into_owned())
-}
-
-fn percent_decode(raw: &str) -> Result<String, ConfigError> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| config_error("malformed percent-encoding in URL"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| config_error("URL parameter is not valid UTF-8"))
-}
-
-/// libpq keyword string: `key = value` pairs separated by whitespace; a value
-/// is bare or `'single-quoted'`, with `\` escaping the next character.
-/// Names the offending word only when it looks like a keyword: anything else
-/// may be a URL with a password or a stray password, and errors get logged.
-fn missing_equals(word: &str) -> String {
-    if let Some((scheme, _)) = word.split_once("://") {
-        return format!(
-            "unknown URL scheme \"{scheme}://\" in connection string (use postgres:// or postgresql://)"
-        );
-    }
-    if word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        format!("missing \"=\" after {word:?} in connection string")
-    } else {
-        format!(
-            "missing \"=\" after a word of {} characters in connection string (not shown: it may be a secret)",
-            word.chars().count()
-        )
-    }
-}
-
-fn parse_keywords(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let mut pairs = Vec::new();
-    let mut chars = s.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.peek().is_none() {
-            return Ok(pairs);
-        }
-        let mut key = String::new();
-        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
-            key.push(c);
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.next() != Some('=') {
-            return Err(config_error(missing_equals(&key)));
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let mut value = String::new();
-        if chars.next_if_eq(&'\'').is_some() {
-            loop {
-                match chars.next() {
-                    None => {
-                        return Err(config_error(format!(
-                            "unterminated quoted value for {key:?} in connection string"
-                        )))
-                    }
-                    Some('\'') => break,
-                    Some('\\') => value.extend(chars.next()),
-                    Some(c) => value.push(c),
-                }
-            }
-        } else {
-            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                if c == '\\' {
-                    value.extend(chars.next());
-                } else {
-                    value.push(c);
-                }
-            }
-        }
-        pairs.push((key, value));
     }
 }
 
@@ -881,7 +372,10 @@ impl fmt::Debug for ConnectionOptions {
 
 #[cfg(test)]
 mod tests {
+    use super::defaults::default_socket_dir;
     use super::*;
+    use std::path::Path;
+    use tokio_postgres::config::Host;
 
     #[test]
     fn database_is_the_same_however_the_options_are_written() {
@@ -1130,19 +624,6 @@ mod tests {
             assert!(shown.contains(expected), "{shown}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn keyword_strings_accept_quotes_escapes_and_spaces_around_equals() {
-        let pairs = parse_keywords("host = /tmp  password='a b\\'c' user=x\\ y").unwrap();
-        assert_eq!(
-            pairs,
-            vec![
-                ("host".to_string(), "/tmp".to_string()),
-                ("password".to_string(), "a b'c".to_string()),
-                ("user".to_string(), "x y".to_string()),
-            ]
-        );
     }
 
     /// pgbus's own integration helper appends `gssencmode=disable` to every URL.

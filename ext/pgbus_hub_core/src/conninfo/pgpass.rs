@@ -5,6 +5,13 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use tokio_postgres::config::Host;
+use tokio_postgres::Config;
+
+use super::defaults::{default_socket_dir, DEFAULT_PORT};
+use super::syntax::host_text;
+use super::{config_error, ConfigError};
+
 /// What one connection attempt is matched on, as libpq spells it: the
 /// `host` (else `hostaddr`; a socket directory that is the default one is
 /// `localhost`), the port as text, the database (defaulting to the user).
@@ -100,6 +107,55 @@ fn finish_field(text: &mut String, raw: &mut String) -> Field {
     };
     raw.clear();
     field
+}
+
+/// The password file's password for this connection, or None. libpq looks
+/// it up per host; tokio-postgres sends one password to every host, so
+/// hosts the file gives different passwords (or a password for some only)
+/// are refused rather than one host's password sent to another.
+pub(super) fn password_for_hosts(
+    config: &Config,
+    text: &str,
+    path: &Path,
+) -> Result<Option<String>, ConfigError> {
+    let user = config.get_user().unwrap_or_default();
+    let dbname = config.get_dbname().unwrap_or(user);
+    let ports = config.get_ports();
+    let count = config.get_hosts().len().max(config.get_hostaddrs().len());
+    let mut found: Vec<Option<String>> = (0..count)
+        .map(|i| {
+            let host = match config.get_hosts().get(i) {
+                // libpq matches its default socket directory as `localhost`.
+                Some(Host::Unix(dir)) if dir.as_path() == Path::new(default_socket_dir()) => {
+                    "localhost".to_string()
+                }
+                Some(host) => host_text(host),
+                None => config.get_hostaddrs()[i].to_string(),
+            };
+            let port = ports
+                .get(i)
+                .or(ports.first())
+                .copied()
+                .unwrap_or(DEFAULT_PORT);
+            let target = PassTarget {
+                host,
+                port: port.to_string(),
+                dbname: dbname.to_string(),
+                user: user.to_string(),
+            };
+            find_password(text, &target)
+        })
+        .collect();
+    found.dedup();
+    match found.as_slice() {
+        [] | [None] => Ok(None),
+        [Some(password)] => Ok(Some(password.clone())),
+        _ => Err(config_error(format!(
+            "password file \"{}\" gives this connection's hosts different passwords (or some none); \
+             pgbus-hub sends one password to every host: give `password`, or lines that agree",
+            path.display()
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::defaults::{env_nonempty, home_dir, DEBIAN_SYSCONFDIR, USER_SERVICEFILE};
 use super::{config_error, ConfigError};
 
 /// The keyword/value pairs of service `name` and the file they came from.
@@ -81,6 +82,41 @@ fn section(
         pairs.push((key.to_string(), value.to_string()));
     }
     Ok(pairs)
+}
+
+/// The pairs of the `service` named in `given` (else `PGSERVICE`) that
+/// `given` does not set itself, and where they came from; None without a service.
+#[allow(clippy::type_complexity)]
+pub(super) fn pairs_for(
+    given: &[(String, String)],
+) -> Result<Option<(String, Vec<(String, String)>)>, ConfigError> {
+    let last = |name: &str| {
+        given
+            .iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    };
+    let Some(name) = last("service").or_else(|| env_nonempty("PGSERVICE")) else {
+        return Ok(None);
+    };
+    // PostgreSQL 18's `servicefile` keyword, else PGSERVICEFILE, else ~/.pg_service.conf.
+    let user_file = last("servicefile")
+        .or_else(|| env_nonempty("PGSERVICEFILE"))
+        .map(PathBuf::from)
+        .or_else(|| home_dir().map(|home| home.join(USER_SERVICEFILE)));
+    let system_file = PathBuf::from(
+        env_nonempty("PGSYSCONFDIR").unwrap_or_else(|| DEBIAN_SYSCONFDIR.to_string()),
+    )
+    .join("pg_service.conf");
+    let files: Vec<PathBuf> = user_file.into_iter().chain([system_file]).collect();
+    let (pairs, file) = lookup(&name, &files)?;
+    let origin = format!("from service \"{name}\" in \"{}\"", file.display());
+    let unset = pairs
+        .into_iter()
+        .filter(|(key, value)| !value.is_empty() && !given.iter().any(|(g, _)| g == key))
+        .collect();
+    Ok(Some((origin, unset)))
 }
 
 #[cfg(test)]

@@ -23,6 +23,9 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use tokio_postgres::config::{Host, SslNegotiation};
+use tokio_postgres::Config;
+
 use super::{config_error, ConfigError};
 
 /// libpq's default file names, under `~/.postgresql/`.
@@ -433,38 +436,132 @@ fn roots_from(
     Ok(roots)
 }
 
+/// The TLS keywords as given (else from their `PGSSL*` variables), until
+/// [`TlsKeywords::settings`] applies libpq's rules to them.
+#[derive(Default)]
+pub(super) struct TlsKeywords {
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+    sslcert: Option<String>,
+    sslkey: Option<String>,
+    sslcrl: Option<String>,
+    sslcrldir: Option<String>,
+    sslsni: Option<String>,
+    sslcertmode: Option<String>,
+    ssl_min_protocol_version: Option<String>,
+    ssl_max_protocol_version: Option<String>,
+}
+
+impl TlsKeywords {
+    /// True if `key` is a TLS keyword (then kept).
+    pub(super) fn take(&mut self, key: &str, value: &str) -> bool {
+        let slot = match key {
+            "sslmode" => &mut self.sslmode,
+            "sslrootcert" => &mut self.sslrootcert,
+            "sslcert" => &mut self.sslcert,
+            "sslkey" => &mut self.sslkey,
+            "sslcrl" => &mut self.sslcrl,
+            "sslcrldir" => &mut self.sslcrldir,
+            "sslsni" => &mut self.sslsni,
+            "sslcertmode" => &mut self.sslcertmode,
+            "ssl_min_protocol_version" => &mut self.ssl_min_protocol_version,
+            "ssl_max_protocol_version" => &mut self.ssl_max_protocol_version,
+            _ => return false,
+        };
+        *slot = Some(value.to_string());
+        true
+    }
+
+    /// The TLS keywords, else their `PGSSL*` variables, with libpq's rules.
+    pub(super) fn settings(
+        &self,
+        config: &Config,
+        home: Option<PathBuf>,
+    ) -> Result<TlsSettings, ConfigError> {
+        let rootcert = self.sslrootcert.clone();
+        let system_roots = rootcert.as_deref() == Some(SYSTEM_ROOTS);
+        let mut policy = match &self.sslmode {
+            Some(mode) => TlsPolicy::parse(mode)?,
+            // libpq: sslrootcert=system makes verify-full the default.
+            None if system_roots => TlsPolicy::VerifyFull,
+            None => TlsPolicy::Prefer,
+        };
+        if system_roots && policy != TlsPolicy::VerifyFull {
+            return Err(config_error(format!(
+                "weak sslmode \"{}\" may not be used with sslrootcert=system (use \"verify-full\")",
+                policy.name()
+            )));
+        }
+        if config.get_ssl_negotiation() == SslNegotiation::Direct && !policy.always_encrypts() {
+            return Err(config_error(format!(
+                "weak sslmode \"{}\" may not be used with sslnegotiation=direct (use \"require\", \"verify-ca\", or \"verify-full\")",
+                policy.name()
+            )));
+        }
+        // libpq never uses TLS over a Unix socket (the kernel is the transport).
+        let all_unix = !config.get_hosts().is_empty()
+            && config.get_hostaddrs().is_empty()
+            && config
+                .get_hosts()
+                .iter()
+                .all(|host| matches!(host, Host::Unix(_)));
+        if all_unix {
+            policy = TlsPolicy::Disable;
+        }
+        if policy.always_encrypts() && config.get_hosts().is_empty() {
+            return Err(config_error(format!(
+                "sslmode={} needs `host` as well as `hostaddr`: the TLS handshake (and verify-full's name check) uses the host name",
+                policy.name()
+            )));
+        }
+        let sni = match self.sslsni.as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(other) => {
+                return Err(config_error(format!(
+                    "invalid sslsni {other:?} (expected 0 or 1)"
+                )))
+            }
+        };
+        let send_client_cert = match self.sslcertmode.as_deref() {
+            None | Some("allow") => true,
+            Some("disable") => false,
+            Some("require") => {
+                return Err(config_error(
+                    "sslcertmode=require is not supported: pgbus-hub cannot tell whether the \
+                     server asked for the certificate (allow, the default, sends it when asked)",
+                ))
+            }
+            Some(other) => {
+                return Err(config_error(format!(
+                    "invalid sslcertmode {other:?} (expected allow, disable or require)"
+                )))
+            }
+        };
+        let protocol_versions = protocol_versions(
+            self.ssl_min_protocol_version.as_deref(),
+            self.ssl_max_protocol_version.as_deref(),
+        )?;
+        Ok(TlsSettings {
+            policy,
+            protocol_versions,
+            send_client_cert,
+            rootcert,
+            cert: self.sslcert.clone(),
+            key: self.sslkey.clone(),
+            crl: self.sslcrl.clone(),
+            crldir: self.sslcrldir.clone(),
+            sni,
+            home,
+        })
+    }
+}
+
 /// One verifier for every mode: no chain check (encrypt only, libpq's
 /// require/prefer/allow without a root certificate), chain only (verify-ca,
 /// and those modes with one), chain and name (verify-full). The handshake
 /// signature is always checked against the presented key, so the session is
 /// bound to that certificate even when the chain is not checked.
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn protocol_versions_follow_libpq_names_and_default_to_tls12_and_up() {
-        let names = |min, max| {
-            protocol_versions(min, max).map(|versions| {
-                versions
-                    .iter()
-                    .map(|v| format!("{:?}", v.version))
-                    .collect::<Vec<_>>()
-            })
-        };
-        assert_eq!(names(None, None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
-        assert_eq!(names(Some("tlsv1"), None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
-        assert_eq!(names(Some("TLSv1.3"), None).unwrap(), ["TLSv1_3"]);
-        assert_eq!(names(None, Some("TLSv1.2")).unwrap(), ["TLSv1_2"]);
-        let error = |min, max| protocol_versions(min, max).unwrap_err().to_string();
-        assert!(error(None, Some("TLSv1.1")).contains("invalid SSL protocol version range"));
-        assert!(
-            error(Some("TLSv1"), Some("TLSv1.1")).contains("rustls speaks TLS 1.2 and 1.3 only")
-        );
-        assert!(error(Some("SSLv3"), None).contains("invalid ssl_min_protocol_version"));
-    }
-}
-
 #[derive(Debug)]
 struct PgVerifier {
     chain: Option<Arc<WebPkiServerVerifier>>,
@@ -526,5 +623,32 @@ impl ServerCertVerifier for PgVerifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_versions_follow_libpq_names_and_default_to_tls12_and_up() {
+        let names = |min, max| {
+            protocol_versions(min, max).map(|versions| {
+                versions
+                    .iter()
+                    .map(|v| format!("{:?}", v.version))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(names(None, None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("tlsv1"), None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
+        assert_eq!(names(Some("TLSv1.3"), None).unwrap(), ["TLSv1_3"]);
+        assert_eq!(names(None, Some("TLSv1.2")).unwrap(), ["TLSv1_2"]);
+        let error = |min, max| protocol_versions(min, max).unwrap_err().to_string();
+        assert!(error(None, Some("TLSv1.1")).contains("invalid SSL protocol version range"));
+        assert!(
+            error(Some("TLSv1"), Some("TLSv1.1")).contains("rustls speaks TLS 1.2 and 1.3 only")
+        );
+        assert!(error(Some("SSLv3"), None).contains("invalid ssl_min_protocol_version"));
     }
 }
