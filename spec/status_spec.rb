@@ -63,7 +63,7 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
     skip "no PostgreSQL" unless TestDatabase.available?
     Dir.mktmpdir do |dir|
       out, code = status(env: { "TMPDIR" => dir })
-      expect([code, out]).to match([2, %r{no hub.*no socket given.*none at #{dir}/pgbus-streams-hub-\*\.sock}m])
+      expect([code, out]).to match([2, %r{no hub.*no socket given.*no hub answering at #{dir}/pgbus-streams-hub-\*\.sock}m])
       hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url,
                                       socket_path: File.join(dir, "pgbus-streams-hub-4242.sock")).start
       wait_for("listener healthy") { hub.stats[:listener_healthy] }

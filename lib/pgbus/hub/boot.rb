@@ -34,7 +34,9 @@ module Pgbus
     # The master side in one place: `arm` (Puma's master, once it knows it runs
     # workers) exports the socket path; right before each fork (Ruby's
     # Process._fork) the hub starts synchronously unless it runs, so no worker
-    # forks before it listens; `teardown` disarms and stops it.
+    # forks before it listens; `teardown` disarms and stops it. A hub already
+    # answering at the socket path (`pgbus-hub serve`, a sidecar) is used
+    # instead: this master then starts none, and its workers share that one.
     module Boot
       @teardowns = []
 
@@ -49,14 +51,18 @@ module Pgbus
 
           @armed_pid = ::Process.pid
           @logger = logger
-          @socket_path = ENV[DEFAULT_SOCKET_ENV] = Hub.configuration.socket_path || default_socket_path
+          @attached = nil
+          exported = ENV[DEFAULT_SOCKET_ENV].to_s
+          @socket_path = ENV[DEFAULT_SOCKET_ENV] =
+            Hub.configuration.socket_path || (exported.empty? ? default_socket_path : exported)
           ::Process.singleton_class.prepend(ForkHook) unless ::Process.singleton_class.include?(ForkHook)
         end
 
         # In the armed master before every fork; never raises into it. A
         # configuration not there yet (no preload_app!) is looked for again at the next fork.
         def before_fork
-          return if SharedHub.current&.running?
+          return if @attached || SharedHub.current&.running?
+          return if attach
 
           options = Hub.master_options
           return start(options) if options
@@ -88,6 +94,20 @@ module Pgbus
         def on_teardown(&block) = @teardowns << block
 
         private
+
+        # True once a hub of someone else's answers at the socket path: it then
+        # serves this master's workers for good (asked before each fork until
+        # a hub, that one or this master's own, runs).
+        def attach
+          @attached = false
+          stats = Hub.stats(socket_path: @socket_path, timeout: 1.0) or return false
+          @attached = true
+          @logger&.info("[pgbus-hub] a hub already serves #{@socket_path} (pid #{stats[:pid]}): workers use it; " \
+                        "this master starts none")
+          true
+        rescue HubUnavailableError
+          false
+        end
 
         def start(options)
           return if options[:scope].to_s != "master"

@@ -74,7 +74,11 @@ pub struct HubConfig {
 /// A point-in-time copy of the hub's counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HubStats {
+    /// Worker connections (a stats-only monitor is not one).
     pub workers: usize,
+    /// The processes behind them (distinct peer pids): one process may hold
+    /// several connections (pgbus's streams and ActionCable's adapter each one).
+    pub worker_processes: usize,
     pub channels: usize,
     /// Of `channels`, the raw ones (ActionCable's, LISTENed verbatim).
     pub raw_channels: usize,
@@ -115,6 +119,7 @@ impl HubStats {
             fields.insert(key.into(), value);
         };
         put("workers", self.workers.into());
+        put("worker_processes", self.worker_processes.into());
         put("channels", self.channels.into());
         put("raw_channels", self.raw_channels.into());
         put("listener_healthy", self.listener_healthy.into());
@@ -150,6 +155,7 @@ pub(crate) struct Shared {
     healthy: AtomicBool,
     /// Published by the router after every change (monitors not counted).
     workers: AtomicUsize,
+    worker_processes: AtomicUsize,
     channels: AtomicUsize,
     raw_channels: AtomicUsize,
     wakes_received: AtomicU64,
@@ -178,6 +184,7 @@ impl Shared {
             log,
             healthy: AtomicBool::new(false),
             workers: AtomicUsize::new(0),
+            worker_processes: AtomicUsize::new(0),
             channels: AtomicUsize::new(0),
             raw_channels: AtomicUsize::new(0),
             wakes_received: AtomicU64::new(0),
@@ -198,6 +205,7 @@ impl Shared {
         let listener = listener.as_deref();
         HubStats {
             workers: self.workers.load(Ordering::Relaxed),
+            worker_processes: self.worker_processes.load(Ordering::Relaxed),
             channels: self.channels.load(Ordering::Relaxed),
             raw_channels: self.raw_channels.load(Ordering::Relaxed),
             listener_healthy: self.healthy.load(Ordering::Relaxed),

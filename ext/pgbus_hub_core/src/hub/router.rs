@@ -225,6 +225,23 @@ impl Router {
     fn publish_counts(&self) {
         let workers = self.workers.len().saturating_sub(self.monitors.len());
         self.shared.workers.store(workers, Ordering::Relaxed);
+        // A connection whose peer pid is unknown counts as a process of its own.
+        let mut pids = HashSet::new();
+        let mut unknown = 0;
+        for (id, worker) in &self.workers {
+            if self.monitors.contains(id) {
+                continue;
+            }
+            match worker.peer_pid() {
+                Some(pid) => {
+                    pids.insert(pid);
+                }
+                None => unknown += 1,
+            }
+        }
+        self.shared
+            .worker_processes
+            .store(pids.len() + unknown, Ordering::Relaxed);
         self.shared
             .channels
             .store(self.registry.queue_count(), Ordering::Relaxed);

@@ -58,6 +58,11 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// The peer process (SO_PEERCRED), if the kernel said.
+    pub fn peer_pid(&self) -> Option<i32> {
+        self.peer_pid
+    }
+
     /// "connection 3 (pid 4242)": the hub's connection number (connections
     /// are not Puma's worker numbers) and the process on the other end.
     pub fn label(&self) -> String {

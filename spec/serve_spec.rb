@@ -1,0 +1,147 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+require_relative "support/puma_apps/e2e_helpers"
+
+# `pgbus-hub serve`: the hub as a process of its own for a host, found by
+# `pgbus-hub status`, stopped by TERM, its log reopened by HUP; Puma clusters
+# that find it at their socket path attach instead of starting hubs of their
+# own, so two of them and the sidecar hold one LISTEN connection.
+RSpec.describe "pgbus-hub serve", :puma do
+  include PumaE2E
+
+  PGBUS_HUB_EXE = File.join(ROOT, "exe", "pgbus-hub")
+
+  # A `pgbus-hub serve` child, configured by a --config file (Pgbus::Hub.configure,
+  # the standalone apps' channels: no prefix or suffix), logging to a file.
+  class ServeProcess
+    attr_reader :socket, :log_path, :out_path
+
+    # tmpdir: its TMPDIR, where the default socket path is (then no --socket).
+    def initialize(url, tmpdir: nil)
+      @dir = Dir.mktmpdir("pgbus-serve")
+      @socket = tmpdir ? File.join(tmpdir, Pgbus::Hub.socket_name("serve")) : File.join(@dir, "hub.sock")
+      @log_path = File.join(@dir, "serve.log")
+      @out_path = File.join(@dir, "out")
+      config = File.join(@dir, "hub.rb")
+      File.write(config, <<~RUBY)
+        Pgbus::Hub.configure do |c|
+          c.connection = #{url.inspect}
+          c.channel_prefix = ""
+          c.channel_suffix = ""
+        end
+      RUBY
+      env = { "RUBYLIB" => File.join(ROOT, "lib"), "TMPDIR" => tmpdir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
+      socket_flag = tmpdir ? [] : ["--socket", @socket]
+      @pid = ::Process.spawn(env, RbConfig.ruby, PGBUS_HUB_EXE, "serve", *socket_flag,
+                             "--config", config, "--log", @log_path, out: @out_path, err: %i[child out])
+      wait_for("serve to listen", timeout: 30) { output.include?("export ") }
+    end
+
+    def output = File.read(@out_path)
+    def log = File.exist?(@log_path) ? File.read(@log_path) : ""
+    def signal(name) = ::Process.kill(name, @pid)
+
+    # The exit status after `signal` (nil if it did not exit within 15 s).
+    def stop(signal = "TERM")
+      return @status if @status
+
+      ::Process.kill(signal, @pid)
+      @status = wait_for(nil, timeout: 15) { ::Process.waitpid2(@pid, ::Process::WNOHANG)&.last }
+    ensure
+      (::Process.kill("KILL", @pid) rescue nil) unless @status # rubocop:disable Style/RescueModifier
+    end
+
+    def cleanup = FileUtils.rm_rf(@dir)
+  end
+
+  def run_exe(*args, tmpdir: nil)
+    env = { "RUBYLIB" => File.join(ROOT, "lib"), "TMPDIR" => tmpdir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
+    out, status = Open3.capture2e(env, RbConfig.ruby, PGBUS_HUB_EXE, *args)
+    [out, status.exitstatus]
+  end
+
+  before do
+    skip "no PostgreSQL at #{PumaCluster::DATABASE_URL}" unless PumaE2E.database_available?
+  end
+
+  after do
+    stop_clusters
+    @serve&.stop
+    @serve&.cleanup
+  end
+
+  it "prints its socket and the variable to export, answers status, delivers, reopens its log, stops on TERM" do
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL)
+    expect(@serve.output).to include("listening on #{@serve.socket}", "export PGBUS_STREAMS_HUB_SOCKET=#{@serve.socket}")
+    out, code = run_exe("status", "--socket", @serve.socket)
+    expect([out, code]).to match([/healthy/, 0])
+
+    wakes = Queue.new
+    client = Pgbus::Hub::HubClient.new(socket_path: @serve.socket, dispatch_queue: wakes).connect
+    stream = unique_stream
+    expect(client.ensure_listening(stream)).to eq(:done)
+    TestDatabase.notify(stream, "through the sidecar", prefix: "", suffix: "")
+    expect(wait_for("the wake", timeout: 5) { wakes.pop(true) rescue nil }).to have_attributes( # rubocop:disable Style/RescueModifier
+      queue_name: stream, payload: "through the sidecar"
+    )
+
+    File.rename(@serve.log_path, "#{@serve.log_path}.1") # logrotate
+    @serve.signal("HUP")
+    wait_for("the log reopened", timeout: 5) { @serve.log.include?("log reopened") }
+    expect(File.read("#{@serve.log_path}.1")).to include("[pgbus-hub] serving #{@serve.socket}")
+
+    expect(@serve.stop("TERM")).to have_attributes(exitstatus: 0)
+    expect(File.exist?(@serve.socket)).to be(false)
+    expect(@serve.log).to include("stopping: socket removed")
+    client.stop
+  end
+
+  it "at the default path: status skips and names a socket nobody answers on; serve removes it, status finds serve" do
+    Dir.mktmpdir("pgbus-serve-tmpdir") do |tmpdir|
+      stale = File.join(tmpdir, Pgbus::Hub.socket_name(999_999_999)) # a hub killed with -9 leaves its file
+      UNIXServer.new(stale).close
+      out, code = run_exe("status", tmpdir: tmpdir)
+      expect(code).to eq(2)
+      expect(out).to include("no hub answering", "skipped (nobody answers", stale)
+
+      @serve = ServeProcess.new(PumaCluster::DATABASE_URL, tmpdir: tmpdir)
+      expect(File.exist?(stale)).to be(false)
+      expect(@serve.log).to include("removed a stale hub socket nobody answered on: #{stale}")
+      out, code = run_exe("status", tmpdir: tmpdir)
+      expect([out, code]).to match([/pgbus-hub at #{Regexp.escape(@serve.socket)}: healthy/, 0])
+      expect(@serve.stop).to have_attributes(exitstatus: 0)
+    end
+  end
+
+  it "exits 64 on a usage error and when it has no connection" do
+    out, code = run_exe("serve", "--bogus")
+    expect([out, code]).to match([/invalid option: --bogus/, 64])
+    out, code = run_exe("serve", "--socket", "/nonexistent/x.sock")
+    expect([out, code]).to match([/no connection/, 64]) unless ENV["DATABASE_URL"]
+  end
+
+  it "two Puma clusters attach to it instead of starting hubs: one LISTEN connection for all their workers" do
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL)
+    env = { "PGBUS_STREAMS_HUB_SOCKET" => @serve.socket }
+    clusters = Array.new(2) { cluster(mode: :standalone, workers: 2, env: env) }
+    stream = unique_stream
+    clusters.each do |c|
+      c.wait_log(/a hub already serves #{Regexp.escape(@serve.socket)}/)
+      expect(c.log).not_to match(/master hub started before fork/)
+      subs = c.subscribe_all(stream)
+      expect(subs.values.map { |s| s["result"] }.uniq).to eq(["done"])
+      expect(c.hub_info).to include("running" => false, "socket" => @serve.socket)
+    end
+    # No worker or master of either cluster holds a LISTEN connection; this
+    # run's database has the sidecar's only.
+    clusters.each { |c| expect(c.census_settles_at(0)).to eq(0) }
+    expect(TestDatabase.census).to eq(1)
+    clusters.each { |c| expect_wake_everywhere(c, c.subscribe_all(stream).keys, stream, "to both clusters") }
+    clusters.each(&:stop)
+    expect(File.socket?(@serve.socket)).to be(true) # the clusters leave the sidecar's socket alone
+    out, code = run_exe("status", "--socket", @serve.socket)
+    expect([out, code]).to match([/healthy/, 0])
+  end
+end
