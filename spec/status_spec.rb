@@ -64,11 +64,12 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
     Dir.mktmpdir do |dir|
       out, code = status(env: { "TMPDIR" => dir })
       expect([code, out]).to match([2, %r{no hub.*no socket given.*no hub answering at #{dir}/pgbus-streams-hub-\*\.sock}m])
-      hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url,
-                                      socket_path: File.join(dir, "pgbus-streams-hub-4242.sock")).start
+      # Named as a Puma master names its hub: after the (live) process that runs it.
+      name = Pgbus::Hub.socket_name(::Process.pid)
+      hub = Pgbus::Hub::MasterHub.new(connection: TestDatabase.url, socket_path: File.join(dir, name)).start
       wait_for("listener healthy") { hub.stats[:listener_healthy] }
       out, code = status(env: { "TMPDIR" => dir })
-      expect([code, out]).to match([0, /pgbus-streams-hub-4242\.sock: healthy.*workers: 0/m])
+      expect([code, out]).to match([0, /#{Regexp.escape(name)}: healthy.*workers: 0/m])
     ensure
       hub&.stop
     end

@@ -67,7 +67,8 @@ RSpec.describe "reliability 4p: Puma worker SIGSTOPped during an ephemeral storm
     t_cont = Rel.now
     Process.kill("CONT", @victim)
     @victim = nil
-    wait_for("census 2: the hub + the victim's own listener", timeout: 15, interval: 0.02) { c.census == 2 }
+    # It fails over to its own connection, then (the hub alive) back to the hub.
+    wait_for("the victim's fail-over", timeout: 15, interval: 0.02) { c.log.include?("failed over to a per-worker listener") }
     failover_s = Rel.now - t_cont
     mark = victim.size
     wait_for("the failed-over worker's own listener delivers", timeout: 15, interval: 0.2) do
@@ -76,7 +77,8 @@ RSpec.describe "reliability 4p: Puma worker SIGSTOPped during an ephemeral storm
     end
     expect(c.log).to match(/failed over to a per-worker listener \(2 subscription/)
     assert_cluster_subs_get_wakes(c, tag: "after", pids: pids)
-    expect(c.census_settles_at(2)).to eq(2)
+    wait_for("the victim back on the hub", timeout: 15, interval: 0.05) { c.log.include?("back on the master hub") }
+    expect(c.census_settles_at(1)).to eq(1)
     p99_base = Rel.percentile(baseline, 99)
     p99_storm = Rel.percentile(storm_lat, 99)
     ratio = p99_storm / p99_base
@@ -86,7 +88,7 @@ RSpec.describe "reliability 4p: Puma worker SIGSTOPped during an ephemeral storm
                  baseline_p50_ms: (Rel.percentile(baseline, 50) * 1000).round(2), baseline_p99_ms: (p99_base * 1000).round(2),
                  storm_p50_ms: (Rel.percentile(storm_lat, 50) * 1000).round(2), storm_p99_ms: (p99_storm * 1000).round(2),
                  p99_ratio: ratio.round(2), probes: storm_lat.size, max_queue_usage: usage.max,
-                 sigcont_to_census2_s: failover_s.round(3), dropped_durable_wakes: stats[:dropped_durable_wakes],
+                 sigcont_to_failover_s: failover_s.round(3), dropped_durable_wakes: stats[:dropped_durable_wakes],
                  foreign_reconnect_retries: @foreign_reconnect_retries || 0
                })
     # The issue asks for 1.5x; on 2 shared cores (other builds running) the

@@ -1,12 +1,21 @@
 //! A worker's listener: served by the master hub while the hub serves, by a
 //! LISTEN connection of its own from the hub's first failure on.
 //!
-//! The hub client's failure model is pgbus 0.13.1's: never reconnect. So the
-//! first failure (an `Unavailable` answer to a sub, or the client's one
-//! [`Delivery::Failed`] seen by the pump) builds ONE [`StandaloneListener`],
-//! asks it for every subscription recorded so far and swaps it in; the
-//! listener never goes back to the hub (a worker recycles onto a new hub).
-//! A hub that cannot be reached at start means the local listener at once.
+//! The hub client's failure model is pgbus 0.13.1's: a client never
+//! reconnects. So a failure (an `Unavailable` answer to a sub, or the
+//! client's one [`Delivery::Failed`] seen by the pump) builds a
+//! [`StandaloneListener`], asks it for every subscription recorded so far and
+//! swaps it in. A hub that cannot be reached at start means the local
+//! listener at once.
+//!
+//! **Fail-back**: from then on a thread probes the hub's socket (every
+//! [`FAIL_BACK_FIRST`], doubling to [`FAIL_BACK_MAX`]). Once a hub answers
+//! again (a sidecar its supervisor restarted, a Puma master's new hub), a new
+//! client subscribes every recorded subscription through it while the local
+//! listener keeps serving; only when all are acked is the client swapped in
+//! and the local connection closed, then every subscribed queue is woken once
+//! (durable), so what was committed during the switch is re-read. A payload
+//! NOTIFYed during the switch may arrive twice (once on each connection).
 //!
 //! No acknowledged subscription is lost: a queue is recorded before the
 //! caller's sub goes out, and the swap happens in the same critical section
@@ -52,6 +61,12 @@ use std::time::{Duration, Instant};
 /// outage costs one attempt per channel per second.
 pub const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
+/// How soon after a fail-over the hub's socket is first probed, and the
+/// probe interval's cap: a restarted hub serves again within about 2 s, at a
+/// cost of one refused connect per worker per 2 s while it is down.
+pub const FAIL_BACK_FIRST: Duration = Duration::from_millis(250);
+pub const FAIL_BACK_MAX: Duration = Duration::from_secs(2);
+
 /// What `ensure_listening` came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listened {
@@ -96,9 +111,22 @@ enum Serving {
 struct State {
     serving: Serving,
     subscriptions: HashSet<String>,
-    /// Set by the first fail-over (whatever it came to): there is no second.
+    /// Set by a fail-over (whatever it came to), cleared by a fail-back.
     failed_over: bool,
     stopped: bool,
+}
+
+/// The fail-back thread; dropping `stop` ends it.
+struct FailBack {
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// What one fail-back attempt came to.
+enum FailBackAttempt {
+    Done,
+    NotYet,
+    Stopped,
 }
 
 /// What the `listen_async` thread is asked, in order.
@@ -123,8 +151,12 @@ struct Shared {
     /// The hub client's reader while the hub serves (the pump reads it;
     /// `listen_async` wakes it to pass on a confirmation).
     hub_reader: Mutex<Option<Arc<DrivenReader>>>,
-    /// One fail-over at a time (the replay runs outside `state`'s lock).
+    /// One fail-over or fail-back at a time (each replays outside `state`'s lock).
     failing_over: Mutex<()>,
+    /// How to reach the hub again (None: no hub was configured).
+    hub: Option<ClientConfig>,
+    /// Probes for the hub while the local listener serves; taken by `stop`.
+    fail_back: Mutex<Option<FailBack>>,
     listener: ListenerConfig,
     /// Where the local listener's wakes go (the pump reads them after the swap).
     local_wakes: DeliverySender,
@@ -158,12 +190,12 @@ impl FailoverListener {
         let (local_wakes, local) = delivery::channel();
         let mut hub = None;
         let had_hub = config.socket_path.is_some();
-        if let Some(socket_path) = config.socket_path {
-            let client = ClientConfig {
-                socket_path,
-                ack_timeout: hub_ack_timeout(config.listener.health_check),
-                log: log.clone(),
-            };
+        let hub_config = config.socket_path.map(|socket_path| ClientConfig {
+            socket_path,
+            ack_timeout: hub_ack_timeout(config.listener.health_check),
+            log: log.clone(),
+        });
+        if let Some(client) = hub_config.clone() {
             match HubClient::connect_driven_or_cancel(client, cancel) {
                 Ok(connected) => hub = Some(connected),
                 Err(ClientError::Interrupted) => return Err(ClientError::Interrupted),
@@ -187,6 +219,8 @@ impl FailoverListener {
             tickets: AtomicU64::new(1),
             hub_reader: Mutex::new(reader.clone()),
             failing_over: Mutex::new(()),
+            hub: hub_config,
+            fail_back: Mutex::new(None),
             listener: config.listener,
             local_wakes,
             refused: RefusedNames::default(),
@@ -340,6 +374,13 @@ impl FailoverListener {
             std::mem::replace(&mut state.serving, Serving::Nobody)
         };
         let async_listens = lock(&self.shared.async_listens).take();
+        let fail_back = lock(&self.shared.fail_back).take();
+        if let Some(FailBack { stop, thread }) = fail_back {
+            drop(stop); // ends its wait, and a connect or sub in progress
+            if self.shared.owner.is_current() {
+                let _ = thread.join();
+            }
+        }
         match serving {
             Serving::Hub(client) => client.stop_or_cancel(cancel),
             Serving::Local(local) => local.stop_or_cancel(cancel),
@@ -482,8 +523,9 @@ impl Shared {
     }
 
     /// Idempotent: builds the local listener, replays every recorded
-    /// subscription on it and swaps it in (see the module doc).
-    fn fail_over(&self) {
+    /// subscription on it and swaps it in, then starts probing for the hub
+    /// (see the module doc).
+    fn fail_over(self: &Arc<Self>) {
         let _one = lock(&self.failing_over);
         {
             let mut state = lock(&self.state);
@@ -519,23 +561,157 @@ impl Shared {
             self.replay(engine, &pending);
             replayed.extend(pending);
         }
-        // What the hub would have woken since it failed reached nobody: one
-        // durable wake per subscribed queue, now that this connection LISTENs,
-        // so each is re-read. Raw channels carry only payloads, which are gone.
-        let queues: Vec<&String> = replayed
-            .iter()
-            .filter(|q| key_channel(q).is_none())
-            .collect();
-        for queue in &queues {
-            self.local_wakes
-                .send(Delivery::Wake(Wake::new(queue.as_str(), None::<&str>)));
-        }
+        // What the hub would have woken since it failed reached nobody.
+        let woken = self.wake_all(&replayed);
         self.log.info(format!(
             "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed, \
-             {} queue(s) woken to re-read what was committed meanwhile)",
+             {woken} queue(s) woken to re-read what was committed meanwhile)",
             replayed.len(),
-            queues.len()
         ));
+        self.start_fail_back();
+    }
+
+    /// One durable wake per queue, now that it is LISTENed on the side that
+    /// serves, so each is re-read. Raw channels carry only payloads, which
+    /// are gone. Returns how many.
+    fn wake_all(&self, queues: &HashSet<String>) -> usize {
+        let queues: Vec<&String> = queues.iter().filter(|q| key_channel(q).is_none()).collect();
+        for queue in &queues {
+            self.local_wakes
+                .send(Delivery::Wake(Wake::durable(queue.as_str())));
+        }
+        queues.len()
+    }
+
+    /// Starts the thread that probes for the hub while the local listener
+    /// serves (none without a hub, in a forked child, or after `stop`).
+    fn start_fail_back(self: &Arc<Self>) {
+        if self.hub.is_none() || !self.owner.is_current() {
+            return;
+        }
+        let mut fail_back = lock(&self.fail_back);
+        if lock(&self.state).stopped
+            || fail_back
+                .as_ref()
+                .is_some_and(|running| !running.thread.is_finished())
+        {
+            return;
+        }
+        let (stop, stopped) = crossbeam_channel::bounded(0);
+        // Weak: a listener dropped without `stop` ends the thread too.
+        let shared = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("pgbus-hub back".into())
+            .spawn(move || run_fail_back(&shared, &stopped));
+        match spawned {
+            Ok(thread) => *fail_back = Some(FailBack { stop, thread }),
+            Err(error) => self.log.warn(format!(
+                "[pgbus-hub] cannot start the fail-back thread ({error}): this worker keeps its own connection"
+            )),
+        }
+    }
+
+    /// One fail-back attempt (see the module doc): Done once the hub serves
+    /// every subscription and the local listener is closed.
+    fn try_fail_back(&self, stop: &Receiver<()>) -> FailBackAttempt {
+        let Some(config) = self.hub.clone() else {
+            return FailBackAttempt::Done;
+        };
+        if !config.socket_path.exists() {
+            return FailBackAttempt::NotYet; // the common case while it is down: no connect
+        }
+        let socket_path = config.socket_path.clone();
+        let (client, reader) = match HubClient::connect_driven_or_cancel(config, stop) {
+            Ok(connected) => connected,
+            Err(ClientError::Interrupted) => return FailBackAttempt::Stopped,
+            Err(_) => return FailBackAttempt::NotYet,
+        };
+        let client = Arc::new(client);
+        let mut reader = Some(Arc::new(reader));
+        let _one = lock(&self.failing_over);
+        let mut subscribed: HashSet<String> = HashSet::new();
+        loop {
+            let pending: Vec<String> = {
+                let mut state = lock(&self.state);
+                if state.stopped {
+                    drop(state);
+                    client.stop();
+                    return FailBackAttempt::Stopped;
+                }
+                let pending: Vec<String> = state
+                    .subscriptions
+                    .difference(&subscribed)
+                    .cloned()
+                    .collect();
+                if pending.is_empty() {
+                    let previous =
+                        std::mem::replace(&mut state.serving, Serving::Hub(Arc::clone(&client)));
+                    state.failed_over = false;
+                    // Removed while we subscribed: not the hub's to serve.
+                    let removed: Vec<String> = subscribed
+                        .difference(&state.subscriptions)
+                        .cloned()
+                        .collect();
+                    *lock(&self.hub_reader) = reader.take();
+                    drop(state);
+                    for queue in &removed {
+                        client.remove_listening(queue);
+                        subscribed.remove(queue);
+                    }
+                    if let Serving::Local(local) = previous {
+                        local.stop();
+                    }
+                    let woken = self.wake_all(&subscribed);
+                    self.log.info(format!(
+                        "[pgbus-hub] back on the master hub at {} ({} subscription(s) acked by it, \
+                         {woken} queue(s) woken to re-read what was committed meanwhile); \
+                         the per-worker connection is closed",
+                        socket_path.display(),
+                        subscribed.len(),
+                    ));
+                    return FailBackAttempt::Done;
+                }
+                pending
+            };
+            for queue in pending {
+                match client.ensure_listening_or_cancel(&queue, stop) {
+                    Ok(Listening::Active) => {
+                        subscribed.insert(queue);
+                    }
+                    Ok(Listening::Interrupted) | Err(ClientError::Interrupted) => {
+                        client.stop();
+                        return FailBackAttempt::Stopped;
+                    }
+                    outcome => {
+                        self.log.info(format!(
+                            "[pgbus-hub] the master hub at {} answers again but not for {queue:?} \
+                             ({outcome:?}): staying on the per-worker listener, trying again later",
+                            socket_path.display()
+                        ));
+                        client.stop();
+                        return FailBackAttempt::NotYet;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fail-back thread: an attempt every [`FAIL_BACK_FIRST`], doubling to
+/// [`FAIL_BACK_MAX`], until one succeeds; ends at `stop` or once the listener is gone.
+fn run_fail_back(shared: &Weak<Shared>, stop: &Receiver<()>) {
+    let mut delay = FAIL_BACK_FIRST;
+    loop {
+        if stop.recv_timeout(delay) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
+            return; // `stop` dropped its sender
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match shared.try_fail_back(stop) {
+            FailBackAttempt::NotYet => delay = (delay * 2).min(FAIL_BACK_MAX),
+            FailBackAttempt::Done | FailBackAttempt::Stopped => return,
+        }
     }
 }
 

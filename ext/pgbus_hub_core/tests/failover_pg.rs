@@ -207,6 +207,68 @@ fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
 }
 
 #[test]
+fn a_restarted_hub_takes_the_worker_back_once_it_acks_every_subscription() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = fx.hub();
+    let (a, b) = (fx.queue("a"), fx.queue("b"));
+    let (log, records) = LogSink::channel();
+    let (listener, pump) = fx.failover(Some(&hub), log);
+    for queue in [&a, &b] {
+        assert_eq!(listener.ensure_listening(queue), Listened::Done);
+    }
+    hub.stop();
+    support_wait::wait_until("the fail-over", || listener.failed_over());
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    let mut caught_up = vec![pump.expect_durable_wake(), pump.expect_durable_wake()];
+    caught_up.sort();
+    assert_eq!(caught_up, both);
+    fx.wait_for_census(1); // the worker's own connection
+
+    // The hub comes back at the same socket (a sidecar its supervisor restarted).
+    let back = Instant::now();
+    let mut restarted = fx.hub();
+    support_wait::wait_until("the fail-back", || !listener.failed_over());
+    assert!(
+        back.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        back.elapsed()
+    );
+    assert!(listener.local().is_none());
+    fx.wait_for_census(1); // the hub's connection; the worker's own closed
+    let mut caught_up = vec![pump.expect_durable_wake(), pump.expect_durable_wake()];
+    caught_up.sort();
+    assert_eq!(
+        caught_up, both,
+        "one durable wake per queue after the switch"
+    );
+    fx.notify(&a, "through the restarted hub");
+    pump.expect_wake(&a, "through the restarted hub");
+    assert_eq!(restarted.stats().workers, 1);
+    assert_eq!(logged(&records, "back on the master hub"), 1);
+
+    // And it fails over again when that hub goes too.
+    restarted.stop();
+    support_wait::wait_until("the second fail-over", || listener.failed_over());
+    fx.notify(&b, "local again");
+    loop {
+        match pump.wakes.recv_timeout(Duration::from_secs(5)) {
+            Ok(Delivery::Wake(wake)) if wake.payload.is_none() => continue, // its catch-up
+            Ok(Delivery::Wake(wake)) => {
+                assert_eq!(
+                    (&*wake.queue, wake.payload.as_deref()),
+                    (b.as_str(), Some("local again"))
+                );
+                break;
+            }
+            other => panic!("expected the wake, got {other:?}"),
+        }
+    }
+    listener.stop();
+    fx.wait_for_census(0);
+}
+
+#[test]
 fn without_a_hub_the_local_listener_serves_from_the_start() {
     let Some(mut fx) = Fixture::new() else { return };
     let queue = fx.queue("q");

@@ -738,10 +738,7 @@ fn the_hubs_threads_do_not_grow_with_workers() {
     }
     let with_32 = process_threads() - before;
     // 32 connections, all from this one process.
-    assert_eq!(
-        (hub.stats().workers, hub.stats().worker_processes),
-        (32, 1)
-    );
+    assert_eq!((hub.stats().workers, hub.stats().worker_processes), (32, 1));
     assert_eq!(
         with_one, with_32,
         "the hub's thread count does not grow with workers"

@@ -17,9 +17,25 @@ module Pgbus
       def self.default_socket_path = File.join(Dir.tmpdir, Hub.socket_name("serve"))
 
       # Sockets at the default location (Dir.tmpdir/pgbus-streams-hub-*.sock)
-      # nobody answers on: a hub that died without unlinking (kill -9).
+      # left by a hub that died without unlinking (kill -9).
       def self.stale_sockets(glob = File.join(Dir.tmpdir, Hub.socket_name("*")))
-        Dir.glob(glob).select { |path| File.socket?(path) && !answers?(path) }.sort
+        Dir.glob(glob).select { |path| File.socket?(path) && stale?(path) }.sort
+      end
+
+      # A socket named for a master pid is stale once that process is gone
+      # (its forked workers may still hold the listening fd, so a connect
+      # could succeed); serve's own name, once nothing answers on it. Live
+      # hubs are never connected to, so none sees a stray connection.
+      def self.stale?(path)
+        pid = File.basename(path)[/\Apgbus-streams-hub-(\d+)\.sock\z/, 1]
+        return !answers?(path) unless pid
+
+        ::Process.kill(0, Integer(pid))
+        false
+      rescue Errno::ESRCH
+        true
+      rescue Errno::EPERM # alive, someone else's
+        false
       end
 
       def self.answers?(path)
@@ -54,7 +70,7 @@ module Pgbus
         %w[TERM INT HUP].each { |signal| trap(signal) { signals << signal } }
         stale_sockets.each do |path|
           File.unlink(path)
-          logger.info("[pgbus-hub] removed a stale hub socket nobody answered on: #{path}")
+          logger.info("[pgbus-hub] removed a stale hub socket: #{path}")
         end
         options = Hub.master_options.except(:scope, :source)
         hub = MasterHub.new(socket_path: socket_path, logger: logger, **options).start

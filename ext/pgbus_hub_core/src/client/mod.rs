@@ -100,6 +100,7 @@ const INHERITED: &str = "master hub client was inherited across fork; connect a 
 
 const STOPPED: &str = "master hub client stopped";
 
+#[derive(Clone)]
 pub struct ClientConfig {
     pub socket_path: PathBuf,
     /// Bounds both the write of a frame and the wait for a `sub`'s ack.

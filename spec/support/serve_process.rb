@@ -1,0 +1,52 @@
+# frozen_string_literal: true
+
+require "fileutils"
+require "rbconfig"
+require "tmpdir"
+require_relative "wait"
+
+PGBUS_HUB_EXE = File.expand_path("../../exe/pgbus-hub", __dir__)
+
+# A `pgbus-hub serve` child, configured by a --config file (Pgbus::Hub.configure,
+# the standalone apps' channels: no prefix or suffix), logging to a file.
+class ServeProcess
+  attr_reader :socket, :log_path, :out_path
+
+  # tmpdir: its TMPDIR, where the default socket path is (then no --socket);
+  # socket: a path of the caller's (a restarted sidecar serves the same one).
+  def initialize(url, tmpdir: nil, socket: nil)
+    @dir = Dir.mktmpdir("pgbus-serve")
+    @socket = socket || (tmpdir ? File.join(tmpdir, Pgbus::Hub.socket_name("serve")) : File.join(@dir, "hub.sock"))
+    @log_path = File.join(@dir, "serve.log")
+    @out_path = File.join(@dir, "out")
+    config = File.join(@dir, "hub.rb")
+    File.write(config, <<~RUBY)
+      Pgbus::Hub.configure do |c|
+        c.connection = #{url.inspect}
+        c.channel_prefix = ""
+        c.channel_suffix = ""
+      end
+    RUBY
+    env = { "RUBYLIB" => File.expand_path("../../lib", __dir__), "TMPDIR" => tmpdir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
+    socket_flag = tmpdir && !socket ? [] : ["--socket", @socket]
+    @pid = ::Process.spawn(env, RbConfig.ruby, PGBUS_HUB_EXE, "serve", *socket_flag,
+                           "--config", config, "--log", @log_path, out: @out_path, err: %i[child out])
+    wait_for("serve to listen", timeout: 30) { output.include?("export ") }
+  end
+
+  def output = File.read(@out_path)
+  def log = File.exist?(@log_path) ? File.read(@log_path) : ""
+  def signal(name) = ::Process.kill(name, @pid)
+
+  # The exit status after `signal` (nil if it did not exit within 15 s).
+  def stop(signal = "TERM")
+    return @status if @status
+
+    ::Process.kill(signal, @pid)
+    @status = wait_for(nil, timeout: 15) { ::Process.waitpid2(@pid, ::Process::WNOHANG)&.last }
+  ensure
+    (::Process.kill("KILL", @pid) rescue nil) unless @status # rubocop:disable Style/RescueModifier
+  end
+
+  def cleanup = FileUtils.rm_rf(@dir)
+end
