@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require "json"
-require "net/http"
 require "socket"
 require_relative "support/puma_apps/e2e_helpers"
 require_relative "support/serve_process"
@@ -13,15 +12,7 @@ require_relative "support/serve_process"
 RSpec.describe "Unicorn on a pgbus-hub serve sidecar", :puma do
   UNICORN = "/usr/bin/unicorn"
 
-  def get(path, timeout: 5)
-    http = Net::HTTP.new("127.0.0.1", @port)
-    http.open_timeout = 1
-    http.read_timeout = timeout
-    response = http.get(path)
-    response.is_a?(Net::HTTPOK) ? JSON.parse(response.body) : nil
-  rescue SystemCallError, Net::ReadTimeout, Net::OpenTimeout, EOFError
-    nil
-  end
+  def get(path) = PumaCluster.get(@port, path)
 
   # pgbus-listen connections in this run's database, now.
   def census

@@ -87,8 +87,11 @@ class PumaCluster
     wait_for("log #{pattern.inspect} x#{count}", timeout: timeout) { log.scan(pattern).size >= count }
   end
 
-  def get(path, timeout: 5)
-    http = Net::HTTP.new("127.0.0.1", @port)
+  def get(path, timeout: 5) = PumaCluster.get(@port, path, timeout: timeout)
+
+  # The e2e app's JSON answer on 127.0.0.1:port (any server), nil if none.
+  def self.get(port, path, timeout: 5)
+    http = Net::HTTP.new("127.0.0.1", port)
     http.open_timeout = 1
     http.read_timeout = timeout
     response = http.get(path)
