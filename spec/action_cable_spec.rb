@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "support/puma_apps/e2e_helpers"
+require_relative "support/serve_process"
 
 CABLE_GEMS = %w[actioncable activerecord websocket-driver].freeze
 CABLE_MISSING = CABLE_GEMS.reject { |name| Gem::Specification.find_all_by_name(name).any? }
@@ -136,6 +137,23 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
       expect_delivered(clients, room, sizes.merge(after_failover))
     end
     expect(hub_status(c)["status"]).to eq("no hub")
+  end
+
+  it "uses a pgbus-hub serve sidecar instead of starting a hub: census 1, delivered on every worker" do
+    serve = ServeProcess.new(PumaCluster::DATABASE_URL)
+    c = cable_cluster(env: { "PGBUS_STREAMS_HUB_SOCKET" => serve.socket })
+    c.wait_log(/a hub already serves #{Regexp.escape(serve.socket)}/)
+    room = unique_room
+    clients = clients_on_every_worker(c, [room])
+    expect(c.census_settles_at(0)).to eq(0) # no connection of the cluster's own
+    expect(TestDatabase.census).to eq(1) # the sidecar's
+    broadcast_via(c, room, 1, bytes: 100_000)
+    expect_delivered(clients, room, { 1 => 100_000 })
+    expect(Pgbus::Hub.stats(socket_path: serve.socket)).to include(worker_processes: 4, raw_channels: 1)
+  ensure
+    stop_clusters
+    serve&.stop
+    serve&.cleanup
   end
 
   it "shares the hub started from Pgbus::Hub.configure when it names ActionCable's database" do

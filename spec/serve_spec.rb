@@ -78,6 +78,40 @@ RSpec.describe "pgbus-hub serve", :puma do
     expect([out, code]).to match([/no connection/, 64]) unless ENV["DATABASE_URL"]
   end
 
+  it "a Puma hot restart (USR2) keeps its LISTEN connection: census 1 throughout, the new workers woken" do
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL)
+    backend = wait_for("the sidecar LISTENing", timeout: 10) { Pgbus::Hub.stats(socket_path: @serve.socket)[:backend_pid] }
+    c = cluster(mode: :standalone, workers: 2, env: { "PGBUS_STREAMS_HUB_SOCKET" => @serve.socket })
+    c.wait_log(/a hub already serves/)
+    stream = unique_stream
+    c.subscribe_all(stream)
+    census = []
+    sampling = true
+    sampler = Thread.new do
+      conn = TestDatabase.connect # its own: the example's thread uses TestDatabase's meanwhile
+      while sampling
+        census << count_listen(conn)
+        sleep 0.05
+      end
+    ensure
+      conn&.close
+    end
+    c.signal("USR2")
+    c.wait_log(/a hub already serves/, count: 2, timeout: 30) # the re-executed master attaches again
+    c.wait_log(/Worker \d \(PID: \d+\) booted/, count: 4, timeout: 30)
+    subs = c.subscribe_all(stream)
+    expect_wake_everywhere(c, subs.keys, stream, "after the hot restart")
+    sampling = false
+    sampler.join
+    expect(census.uniq).to eq([1]), "pgbus-listen connections sampled through the restart: #{census.tally}"
+    expect(Pgbus::Hub.stats(socket_path: @serve.socket)).to include(backend_pid: backend, reconnects: 0)
+  end
+
+  def count_listen(conn)
+    conn.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen' " \
+              "and datname = current_database()").getvalue(0, 0).to_i
+  end
+
   it "two Puma clusters attach to it instead of starting hubs: one LISTEN connection for all their workers" do
     @serve = ServeProcess.new(PumaCluster::DATABASE_URL)
     env = { "PGBUS_STREAMS_HUB_SOCKET" => @serve.socket }
