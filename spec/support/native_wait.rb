@@ -15,9 +15,19 @@ module NativeWait
   # method is then the top frame of its stack (labels: "connect" on 3.3,
   # "Pgbus::Hub::HubClient#connect" on 3.4).
   def await_inside(thread, name)
-    wait_for("#{name} to block in native code") do
+    seen = nil
+    wait_for("#{name} to block in native code", detail: -> { "last seen: #{seen.inspect}" }) do
+      raise "#{name}: the thread ended instead (#{thread_outcome(thread)})" unless thread.alive?
+
+      seen = [thread.status, thread.backtrace_locations&.first(2)&.map(&:to_s)]
       thread.status == "sleep" && thread.backtrace_locations&.first&.label.to_s.split(/[#.]/).last == name
     end
+  end
+
+  def thread_outcome(thread)
+    "returned #{thread.value.inspect}"
+  rescue Exception => e # rubocop:disable Lint/RescueException
+    "raised #{e.class}: #{e.message}"
   end
 
   # Seconds from Thread#kill until the thread has ended.
