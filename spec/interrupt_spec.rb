@@ -142,17 +142,10 @@ RSpec.describe "interrupting a native wait" do
       def serve
         loop do
           client = @server.accept
-          database = upstream
+          database = TestDatabase.server_socket
           @sockets.push(client, database)
           @threads << Thread.new { pipe(client, database) } << Thread.new { pipe(database, client) }
         end
-      end
-
-      def upstream
-        info = PG::Connection.conninfo_parse(TestDatabase.url).to_h { |o| [o[:keyword], o[:val]] }
-        host = info["host"] || "/var/run/postgresql"
-        port = (info["port"] || 5432).to_i
-        host.start_with?("/") ? UNIXSocket.new(File.join(host, ".s.PGSQL.#{port}")) : TCPSocket.new(host, port)
       end
 
       # Silent: stops reading; both sockets stay open until `close`.

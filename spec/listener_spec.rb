@@ -64,6 +64,33 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(forked.tally).to eq(":done" => 32)
   end
 
+  # The cause found in CI: 32 listeners forked at once on 2 loaded cores took
+  # longer than listen_ack_timeout (health check + 1 s) to connect (TLS,
+  # authentication), and that budget covers a LISTEN on a live connection.
+  it "waits out a slow first connection before its first LISTEN times out" do
+    server = TCPServer.new("127.0.0.1", 0)
+    relay = Thread.new do
+      client = server.accept
+      sleep 1.6 # longer than this listener's listen_ack_timeout (1.1 s)
+      database = TestDatabase.server_socket
+      [[client, database], [database, client]].map do |from, to|
+        Thread.new { IO.copy_stream(from, to) rescue nil } # rubocop:disable Style/RescueModifier
+      end.each(&:join)
+    ensure
+      [client, database].compact.each(&:close)
+    end
+    l = described_class.new(connection: TestDatabase.keywords(host: "127.0.0.1", port: server.addr[1]),
+                            dispatch_queue: Queue.new, health_check_ms: 100)
+    (@listeners ||= []) << l
+    started = ::Process.clock_gettime(::Process::CLOCK_MONOTONIC)
+    expect(l.start.ensure_listening("pgbus_slow_first")).to eq(:done)
+    expect(::Process.clock_gettime(::Process::CLOCK_MONOTONIC) - started).to be >= 1.6
+  ensure
+    l&.stop
+    relay&.kill
+    server&.close
+  end
+
   it "reports its live threads (pump, log drain) for pgbus's leak check; [] after stop" do
     l = listener(logger: Logger.new(StringIO.new)).start
     expect(l.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")

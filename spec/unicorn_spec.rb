@@ -62,7 +62,7 @@ RSpec.describe "Unicorn on a pgbus-hub serve sidecar", :puma do
     (::Process.kill("TERM", -@unicorn) rescue nil) if @unicorn # rubocop:disable Style/RescueModifier
     (::Process.wait(@unicorn) rescue nil) if @unicorn # rubocop:disable Style/RescueModifier
     [@serve, @restarted].compact.each { |serve| serve.stop.tap { serve.cleanup } }
-    FileUtils.rm_rf(@dir)
+    FileUtils.rm_rf(@dir) if @dir
   end
 
   it "4 workers, census 1; sidecar killed: census 4; sidecar restarted: census 1 again within 5 s, all woken" do

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "pg"
+require "socket"
 require_relative "wait"
 
 # The real local PostgreSQL the suite talks to (no mocks). bin/setup creates
@@ -28,6 +29,14 @@ module TestDatabase
   # skip. Unset, a missing server fails them: the suite must never pass by
   # testing nothing. `rake test` and `.ci/run` never set it.
   SKIP_VARIABLE = "PGBUS_HUB_SKIP_PG_TESTS"
+
+  # A raw socket to the test database's server (for proxies between a client and it).
+  def server_socket
+    info = PG::Connection.conninfo_parse(url).to_h { |o| [o[:keyword], o[:val]] }
+    host = info["host"] || "/var/run/postgresql"
+    port = (info["port"] || 5432).to_i
+    host.start_with?("/") ? UNIXSocket.new(File.join(host, ".s.PGSQL.#{port}")) : TCPSocket.new(host, port)
+  end
 
   def available?
     return @available unless @available.nil?

@@ -338,6 +338,11 @@ impl ListenerStats {
     pub fn connect_failures(&self) -> u64 {
         self.connect_failures.load(Ordering::Relaxed)
     }
+    /// The engine's first connection attempt has come to something: it
+    /// connected (and LISTENs), or it failed.
+    pub fn first_attempt_concluded(&self) -> bool {
+        self.healthy() || self.backend_pid().is_some() || self.connect_failures() > 0
+    }
     /// NOTIFYs delivered as [`Event::Wake`].
     pub fn notifications(&self) -> u64 {
         self.notifications.load(Ordering::Relaxed)

@@ -3,14 +3,19 @@
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
+use crate::conninfo::DEFAULT_CONNECT_TIMEOUT;
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::process::Owner;
 use crate::protocol::Wake;
 use crate::sync::lock;
+
+/// How often a first LISTEN looks whether the first connection attempt has
+/// concluded (only while it has not).
+const FIRST_ATTEMPT_POLL: Duration = Duration::from_millis(20);
 
 /// How long `stop` waits for the thread (the engine's own shutdown is
 /// bounded by ~0.5 s: UNLISTEN * 200 ms + close 200 ms).
@@ -23,6 +28,8 @@ pub struct StandaloneListener {
     /// None only in a forked child's drop (leaked there, see Drop).
     handle: Option<ListenerHandle>,
     stats: Arc<ListenerStats>,
+    /// How long the first connection attempt may take (its connect timeout).
+    first_attempt_budget: Duration,
     /// Taken by the first `stop`.
     thread: Mutex<Option<JoinHandle<()>>>,
     finished: crossbeam_channel::Receiver<()>,
@@ -46,6 +53,12 @@ impl StandaloneListener {
             .enable_all()
             .build()?;
         let log = config.log.clone();
+        let first_attempt_budget = config
+            .connection
+            .config()
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let events_log = log.clone();
         let (handle, stats, join) = {
             let _entered = runtime.enter();
@@ -86,6 +99,7 @@ impl StandaloneListener {
             owner: Owner::current(),
             handle: Some(handle),
             stats,
+            first_attempt_budget,
             thread: Mutex::new(Some(thread)),
             finished,
             log,
@@ -114,6 +128,19 @@ impl StandaloneListener {
         handle.listen_then(queue, move |outcome| {
             let _ = sender.try_send(outcome);
         });
+        // `timeout` budgets a LISTEN on a live connection. A fresh listener's
+        // first connection (TLS, authentication, a busy server: 32 processes
+        // forked at once on 2 loaded cores took longer than 1.25 s) is waited
+        // out first, bounded by its connect timeout; a failed attempt (the
+        // database down) ends this wait at once, so that case keeps `timeout`.
+        let first_attempt_deadline = Instant::now() + self.first_attempt_budget;
+        while !self.stats.first_attempt_concluded() && Instant::now() < first_attempt_deadline {
+            crossbeam_channel::select! {
+                recv(receiver) -> outcome => return outcome.unwrap_or(Err(ListenError::Stopped)),
+                recv(cancel) -> _ => return Err(ListenError::Timeout),
+                default(FIRST_ATTEMPT_POLL) => {}
+            }
+        }
         crossbeam_channel::select! {
             recv(receiver) -> outcome => outcome.unwrap_or(Err(ListenError::Stopped)),
             recv(cancel) -> _ => Err(ListenError::Timeout),
