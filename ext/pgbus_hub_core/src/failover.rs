@@ -44,6 +44,7 @@ use crate::listener::{
     listen_ack_timeout, ListenError, ListenerConfig, ListenerHandle, StandaloneListener,
 };
 use crate::log::LogSink;
+use crate::owned_thread::OwnedThread;
 use crate::process::Owner;
 use crate::protocol::{key_channel, Wake};
 use crate::sync::lock;
@@ -52,7 +53,6 @@ use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long `listen_async` waits before asking again for a LISTEN that was
@@ -116,12 +116,6 @@ struct State {
     stopped: bool,
 }
 
-/// The fail-back thread; dropping `stop` ends it.
-struct FailBack {
-    stop: Sender<()>,
-    thread: JoinHandle<()>,
-}
-
 /// What one fail-back attempt came to.
 enum FailBackAttempt {
     Done,
@@ -135,11 +129,10 @@ enum Command {
     Unlisten(String),
 }
 
-/// The thread behind `listen_async`; dropping `stop` ends it.
+/// The thread behind `listen_async`.
 struct AsyncListens {
     commands: Sender<Command>,
-    stop: Sender<()>,
-    thread: JoinHandle<()>,
+    thread: OwnedThread,
 }
 
 struct Shared {
@@ -156,7 +149,7 @@ struct Shared {
     /// How to reach the hub again (None: no hub was configured).
     hub: Option<ClientConfig>,
     /// Probes for the hub while the local listener serves; taken by `stop`.
-    fail_back: Mutex<Option<FailBack>>,
+    fail_back: Mutex<Option<OwnedThread>>,
     listener: ListenerConfig,
     /// Where the local listener's wakes go (the pump reads them after the swap).
     local_wakes: DeliverySender,
@@ -320,20 +313,14 @@ impl FailoverListener {
         }
         if async_listens.is_none() {
             let (commands, received) = crossbeam_channel::unbounded();
-            let (stop, stopped) = crossbeam_channel::bounded(0);
             // Weak: a listener dropped without `stop` ends the thread too.
             let shared = Arc::downgrade(&self.shared);
-            let spawned = std::thread::Builder::new()
-                .name("pgbus-hub listens".into())
-                .spawn(move || run_async_listens(&shared, &received, &stopped));
+            let spawned =
+                OwnedThread::spawn_with_stop_channel("pgbus-hub listens", move |stopped| {
+                    run_async_listens(&shared, &received, stopped)
+                });
             match spawned {
-                Ok(thread) => {
-                    *async_listens = Some(AsyncListens {
-                        commands,
-                        stop,
-                        thread,
-                    })
-                }
+                Ok(thread) => *async_listens = Some(AsyncListens { commands, thread }),
                 Err(error) => {
                     return self.shared.log.error(format!(
                         "[pgbus-hub] cannot start the LISTEN thread ({error}): not subscribed"
@@ -375,22 +362,18 @@ impl FailoverListener {
         };
         let async_listens = lock(&self.shared.async_listens).take();
         let fail_back = lock(&self.shared.fail_back).take();
-        if let Some(FailBack { stop, thread }) = fail_back {
-            drop(stop); // ends its wait, and a connect or sub in progress
-            if self.shared.owner.is_current() {
-                let _ = thread.join();
-            }
+        if let Some(thread) = fail_back {
+            // Its signal also ends a connect or sub in progress.
+            thread.stop_or_cancel(cancel, None);
         }
         match serving {
             Serving::Hub(client) => client.stop_or_cancel(cancel),
             Serving::Local(local) => local.stop_or_cancel(cancel),
             Serving::Nobody => {}
         }
-        if let Some(AsyncListens { stop, thread, .. }) = async_listens {
-            drop(stop); // ends its wait, and a LISTEN wait in progress
-            if self.shared.owner.is_current() {
-                let _ = thread.join();
-            }
+        if let Some(AsyncListens { thread, .. }) = async_listens {
+            // Its signal also ends a LISTEN wait in progress.
+            thread.stop_or_cancel(cancel, None);
         }
     }
 
@@ -590,21 +573,16 @@ impl Shared {
             return;
         }
         let mut fail_back = lock(&self.fail_back);
-        if lock(&self.state).stopped
-            || fail_back
-                .as_ref()
-                .is_some_and(|running| !running.thread.is_finished())
-        {
+        if lock(&self.state).stopped || fail_back.as_ref().is_some_and(OwnedThread::is_running) {
             return;
         }
-        let (stop, stopped) = crossbeam_channel::bounded(0);
         // Weak: a listener dropped without `stop` ends the thread too.
         let shared = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("pgbus-hub back".into())
-            .spawn(move || run_fail_back(&shared, &stopped));
+        let spawned = OwnedThread::spawn_with_stop_channel("pgbus-hub back", move |stopped| {
+            run_fail_back(&shared, stopped)
+        });
         match spawned {
-            Ok(thread) => *fail_back = Some(FailBack { stop, thread }),
+            Ok(thread) => *fail_back = Some(thread),
             Err(error) => self.log.warn(format!(
                 "[pgbus-hub] cannot start the fail-back thread ({error}): this worker keeps its own connection"
             )),

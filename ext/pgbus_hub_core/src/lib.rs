@@ -5,6 +5,7 @@
 //! - [`protocol`]: frames (4-byte length + JSON object), encoder and incremental decoder.
 //! - [`log`]: log records from native threads, forwarded through a bounded channel.
 //! - [`process`]: fork awareness (owner pid checks).
+//! - [`owned_thread`]: the thread an object runs: stop with an unblock, a drop that only signals, inert after fork.
 //! - [`conninfo`]: libpq-style connection options (URL, keywords, pairs) -> tokio-postgres config + TLS.
 //! - [`listener`]: the LISTEN engine: one PostgreSQL connection, channel set, health check,
 //!   reconnect + re-LISTEN; used by the master hub and by the per-worker fallback listener.
@@ -25,6 +26,7 @@ pub mod failover;
 pub mod hub;
 pub mod listener;
 pub mod log;
+pub mod owned_thread;
 pub mod process;
 pub mod protocol;
 pub mod shutdown;

@@ -7,10 +7,10 @@ mod support_pg;
 mod support_wait;
 
 use pgbus_hub_core::conninfo::ConnectionOptions;
-use pgbus_hub_core::delivery::{Delivery, WakeSource};
+use pgbus_hub_core::delivery::{self, Delivery, WakeSource};
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, FailoverWakes, Listened};
 use pgbus_hub_core::hub::{self, HubConfig, MasterHub};
-use pgbus_hub_core::listener::ListenerConfig;
+use pgbus_hub_core::listener::{ListenerConfig, StandaloneListener};
 use pgbus_hub_core::log::{LogSink, Record};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -49,8 +49,8 @@ impl Fixture {
         support_pg::listener_config(&self.url, &self.tag, log)
     }
 
-    fn hub(&self) -> MasterHub {
-        MasterHub::start(HubConfig {
+    fn hub_config(&self) -> HubConfig {
+        HubConfig {
             listener: self.listener(LogSink::silent()),
             socket_path: self.dir.join("hub.sock"),
             status_interval: Duration::from_millis(200),
@@ -58,8 +58,11 @@ impl Fixture {
             hard_queue_limit: 1024,
             max_channels_per_connection: hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
             max_channels: hub::DEFAULT_MAX_CHANNELS,
-        })
-        .unwrap()
+        }
+    }
+
+    fn hub(&self) -> MasterHub {
+        MasterHub::start(self.hub_config()).unwrap()
     }
 
     fn failover(&self, hub: Option<&MasterHub>, log: LogSink) -> (FailoverListener, Pump) {
@@ -427,4 +430,72 @@ fn a_listener_dropped_without_stop_ends_its_listen_thread_and_closes_its_connect
     drop(pump);
     drop(listener);
     fx.wait_for_census(0);
+}
+
+/// A drop (a Ruby object's GC free) only tells the threads to stop; `stop`
+/// is the call that waits. With the server hung (a frozen proxy), a stop
+/// waits out the engine's UNLISTEN and close timeouts; a drop of the hub, of
+/// a worker served by it, or of a worker with its own connection returns in
+/// a small part of that (bound: a tenth of the stop measured here).
+#[test]
+fn a_dropped_hub_or_worker_listener_never_waits_for_its_threads() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let proxy = support_pg::FreezableProxy::start(&fx.url);
+    let hung_later = || support_pg::listener_config(&proxy.url, &fx.tag, LogSink::silent());
+    let queue = fx.queue("q");
+    let hub = MasterHub::start(HubConfig {
+        listener: hung_later(),
+        ..fx.hub_config()
+    })
+    .unwrap();
+    let start = |socket_path: Option<PathBuf>, listener| {
+        let config = FailoverConfig {
+            socket_path,
+            listener,
+        };
+        FailoverListener::start_or_cancel(config, &crossbeam_channel::never()).unwrap()
+    };
+    let (served, served_wakes) = start(
+        Some(hub.socket_path().to_owned()),
+        fx.listener(LogSink::silent()),
+    );
+    let (own, own_wakes) = start(None, hung_later());
+    let baseline = StandaloneListener::start(hung_later(), delivery::channel().0).unwrap();
+    for listener in [&served, &own] {
+        assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+    }
+    baseline
+        .ensure_listening(&queue, Duration::from_secs(5))
+        .unwrap();
+    assert!(!served.failed_over());
+    fx.wait_for_census(3); // the hub's, `own`'s and the baseline's
+
+    proxy.freeze();
+    let stopping = Instant::now();
+    baseline.stop();
+    let stop_took = stopping.elapsed();
+    assert!(
+        stop_took >= Duration::from_millis(200),
+        "the baseline stop did not wait for the hung server ({stop_took:?})"
+    );
+    let bound = stop_took / 10;
+    for (what, dropped) in [
+        (
+            "the served worker's listener",
+            Box::new(move || drop((served, served_wakes))) as Box<dyn FnOnce()>,
+        ),
+        (
+            "the local worker's listener",
+            Box::new(move || drop((own, own_wakes))),
+        ),
+        ("the hub", Box::new(move || drop(hub))),
+    ] {
+        let dropping = Instant::now();
+        dropped();
+        let took = dropping.elapsed();
+        assert!(
+            took < bound,
+            "dropping {what} took {took:?} (a stop took {stop_took:?})"
+        );
+    }
 }

@@ -453,10 +453,15 @@ impl HubClient {
     }
 }
 
+/// Stops without waiting: waiters are released and the socket shut down at
+/// once; if a user (the pump's poll, a writer) still holds it, it closes
+/// when that user lets go. `stop` is the call that waits.
 impl Drop for HubClient {
     fn drop(&mut self) {
         if self.owner.is_current() {
-            self.stop();
+            self.inner.kill(STOPPED.to_owned(), Outcome::Stopped, false);
+            self.inner
+                .close(Instant::now(), &crossbeam_channel::never());
             return;
         }
         // Forked child: the locks may be held by parent threads that do not

@@ -7,6 +7,8 @@
 //!
 //! - [`router`]: owns the routing table, the workers and the engine; answers
 //!   subs, routes wakes, broadcasts health. Workers talk to it by command.
+//! - [`pending`]: subs waiting for their LISTEN, and the outage rule (pure state).
+//! - [`supervisor`]: the LISTEN engine, restarted if it ends on its own.
 //! - [`outbox`]: the backpressure policy (limits, drops, evictions), one function.
 //! - [`registry`]: queue -> workers, refcounted (last ref out UNLISTENs).
 //! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
@@ -14,15 +16,18 @@
 
 mod command;
 mod outbox;
+mod pending;
 mod registry;
 mod router;
 pub mod server;
+mod supervisor;
 mod worker;
 
 use crate::listener::{self, ListenerConfig, ListenerStats};
 use crate::log::LogSink;
+use crate::owned_thread::{OwnedThread, Stopped};
 use crate::process::Owner;
-use crate::shutdown::{shutdown, Shutdown, ShutdownTrigger};
+use crate::shutdown::{shutdown, Shutdown};
 use crate::sync::lock;
 use outbox::Backpressure;
 use router::Router;
@@ -237,10 +242,7 @@ pub struct MasterHub {
 }
 
 struct Running {
-    shutdown: ShutdownTrigger,
-    thread: std::thread::JoinHandle<()>,
-    /// Disconnects when the hub thread ends: a join that can be given up.
-    exited: crossbeam_channel::Receiver<()>,
+    thread: OwnedThread,
     socket: SocketFile,
 }
 
@@ -269,13 +271,11 @@ impl MasterHub {
         let shared = Arc::new(Shared::new(&config));
         let (trigger, shutdown) = shutdown();
         let thread_shared = shared.clone();
-        let (exiting, exited) = crossbeam_channel::bounded::<()>(0);
-        let spawned = std::thread::Builder::new()
-            .name("pgbus-hub".into())
-            .spawn(move || {
-                let _exiting = exiting;
-                runtime.block_on(run(thread_shared, config, std_listener, shutdown));
-            });
+        let spawned = OwnedThread::spawn(
+            "pgbus-hub",
+            move || trigger.trigger(),
+            move || runtime.block_on(run(thread_shared, config, std_listener, shutdown)),
+        );
         let thread = match spawned {
             Ok(thread) => thread,
             Err(e) => {
@@ -288,12 +288,7 @@ impl MasterHub {
             owner: Owner::current(),
             socket_path,
             shared,
-            running: Some(Running {
-                shutdown: trigger,
-                thread,
-                exited,
-                socket,
-            }),
+            running: Some(Running { thread, socket }),
         })
     }
 
@@ -303,11 +298,7 @@ impl MasterHub {
 
     /// True while the hub's thread runs, in the process that started it.
     pub fn is_running(&self) -> bool {
-        self.owner.is_current()
-            && self
-                .running
-                .as_ref()
-                .is_some_and(|r| !r.thread.is_finished())
+        self.owner.is_current() && self.running.as_ref().is_some_and(|r| r.thread.is_running())
     }
 
     /// Fault injection (feature `fault-injection`, test builds only): aborts
@@ -336,19 +327,16 @@ impl MasterHub {
         if !self.owner.is_current() {
             return;
         }
-        let Some(running) = self.running.take() else {
+        let Some(Running { thread, socket }) = self.running.take() else {
             return;
         };
-        running.shutdown.trigger();
-        crossbeam_channel::select! {
-            recv(running.exited) -> _ => {
-                let _ = running.thread.join();
-            }
-            recv(cancel) -> _ => self.shared.log.info(
-                "master hub stop interrupted: its thread finishes stopping on its own",
-            ),
+        if thread.stop_or_cancel(cancel, None) == Stopped::Cancelled {
+            self.shared
+                .log
+                .info("master hub stop interrupted: its thread finishes stopping on its own");
         }
-        running.socket.unlink_if_ours(&self.socket_path);
+        // Either way: no worker connects to a stopping hub.
+        socket.unlink_if_ours(&self.socket_path);
         self.shared.log.info(format!(
             "master hub at {} stopped",
             self.socket_path.display()
@@ -356,13 +344,21 @@ impl MasterHub {
     }
 }
 
+/// Only signals: the hub's thread stops on its own, detached (a GC free or
+/// an unwinding caller never waits for it). `stop` is the call that waits.
 impl Drop for MasterHub {
     fn drop(&mut self) {
-        if self.owner.is_current() {
-            self.stop();
-        } else if let Some(running) = self.running.take() {
-            // A forked child: dropping these would signal (write to) the parent's runtime.
-            std::mem::forget(running);
+        if !self.owner.is_current() {
+            // A forked child: the socket file is the parent's; OwnedThread is inert here.
+            return;
+        }
+        if let Some(Running { thread, socket }) = self.running.take() {
+            drop(thread);
+            socket.unlink_if_ours(&self.socket_path);
+            self.shared.log.info(format!(
+                "master hub at {} dropped without stop: its thread stops on its own",
+                self.socket_path.display()
+            ));
         }
     }
 }

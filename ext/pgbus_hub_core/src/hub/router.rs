@@ -6,22 +6,19 @@
 //! needs no lock.
 
 use super::command::{Command, Commands};
+use super::pending::{PendingSubs, Sub};
 use super::registry::Registry;
+use super::supervisor::{EngineSupervisor, FromEngine};
 use super::worker::{Worker, WorkerId};
 use super::{HubConfig, Shared};
-use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
+use crate::listener::{Event, ListenError};
 use crate::protocol::{Frame, Message, Wake};
 use crate::shutdown::Shutdown;
-use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-
-/// How long `stop` lets the engine UNLISTEN and close before giving up on it.
-const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Commands queued from workers' readers and the accept loop. Bounded, so a
 /// peer flooding frames waits on its own reader instead of growing the hub's
@@ -35,38 +32,10 @@ const STATS_RAW_CHANNEL_NAMES: usize = 20;
 /// A zero status interval would spin; 10 ms is far below any useful health cadence.
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(10);
 
-/// What the LISTEN engine sends the router (unbounded: the engine never
-/// waits on the router, and neither a wake nor an answer may be lost).
-enum FromEngine {
-    Event(Event),
-    /// The engine answered sub `id`'s LISTEN.
-    Listened {
-        id: u64,
-        outcome: Result<(), ListenError>,
-    },
-}
-
-/// A sub waiting for the engine's LISTEN.
-struct PendingSub {
-    worker: WorkerId,
-    queue: String,
-    /// The name is valid: during a database outage it is acked at once and
-    /// LISTENed on reconnect.
-    deferrable: bool,
-    /// Acked already (during an outage): the engine's answer needs no reply.
-    acked: bool,
-}
-
 /// The channel caps (see [`super::DEFAULT_MAX_CHANNELS`]).
 struct Caps {
     per_connection: usize,
     host: usize,
-}
-
-struct Engine {
-    handle: ListenerHandle,
-    stats: Arc<ListenerStats>,
-    task: JoinHandle<()>,
 }
 
 pub struct Router {
@@ -77,17 +46,13 @@ pub struct Router {
     /// Connections that asked for stats without ever subscribing (`pgbus-hub
     /// status`): served like any peer, but not counted as workers.
     monitors: HashSet<WorkerId>,
-    pending: HashMap<u64, PendingSub>,
-    next_sub: u64,
+    /// Subs waiting for their LISTEN; told each health announced to the
+    /// workers after its status frame is queued, so an ack it releases follows it.
+    pending: PendingSubs,
     next_worker: WorkerId,
-    /// True while the workers were last told `healthy: false` (set after that
-    /// status frame is queued to every worker, so an ack it releases follows it).
-    outage: bool,
-    engine: Option<Engine>,
+    engine: EngineSupervisor,
     caps: Caps,
-    listener_config: ListenerConfig,
     commands: Commands,
-    from_engine: mpsc::UnboundedSender<FromEngine>,
 }
 
 /// Where the router's inputs arrive.
@@ -99,24 +64,21 @@ pub struct Inputs {
 impl Router {
     pub fn new(shared: Arc<Shared>, config: &HubConfig) -> (Self, Inputs) {
         let (commands, command_receiver) = mpsc::channel(COMMAND_QUEUE);
-        let (from_engine, engine_receiver) = mpsc::unbounded_channel();
+        let (engine, engine_receiver) =
+            EngineSupervisor::new(config.listener.clone(), shared.clone());
         let router = Self {
             shared,
             registry: Registry::default(),
             workers: HashMap::new(),
             monitors: HashSet::new(),
-            pending: HashMap::new(),
-            next_sub: 1,
+            pending: PendingSubs::default(),
             next_worker: 1,
-            outage: false,
-            engine: None,
+            engine,
             caps: Caps {
                 per_connection: config.max_channels_per_connection,
                 host: config.max_channels,
             },
-            listener_config: config.listener.clone(),
             commands,
-            from_engine,
         };
         let inputs = Inputs {
             commands: command_receiver,
@@ -139,11 +101,10 @@ impl Router {
         status_interval: Duration,
         mut shutdown: Shutdown,
     ) {
-        self.start_engine();
+        self.engine.start();
         let mut ticker = tokio::time::interval(status_interval.max(MIN_STATUS_INTERVAL));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let engine_ended = engine_ended(self.engine.as_mut(), &self.shared);
             tokio::select! {
                 _ = shutdown.wait() => break,
                 Some(signal) = inputs.from_engine.recv() => match signal {
@@ -155,47 +116,18 @@ impl Router {
                 },
                 Some(command) = inputs.commands.recv() => self.on_command(command),
                 _ = ticker.tick() => self.broadcast_status(),
-                () = engine_ended => self.restart_engine(),
+                () = self.engine.ended() => self.restart_engine(),
             }
         }
         for worker in self.workers.values() {
             worker.close();
         }
-        if let Some(engine) = self.engine.take() {
-            engine.handle.stop();
-            let _ = tokio::time::timeout(STOP_GRACE, engine.task).await;
-        }
-    }
-
-    fn start_engine(&mut self) {
-        let from_engine = self.from_engine.clone();
-        let (handle, stats, task) = listener::spawn(self.listener_config.clone(), move |event| {
-            // Fails only once the router is gone (stopping): nothing to deliver to.
-            let _ = from_engine.send(FromEngine::Event(event));
-        });
-        *lock(&self.shared.listener) = Some(stats.clone());
-        self.engine = Some(Engine {
-            handle,
-            stats,
-            task,
-        });
+        self.engine.stop().await;
     }
 
     fn restart_engine(&mut self) {
-        self.shared
-            .listener_restarts
-            .fetch_add(1, Ordering::Relaxed);
-        self.shared.log.error(
-            "the LISTEN engine ended unexpectedly — restarting it and re-LISTENing every channel",
-        );
         self.on_event(Event::Healthy(false));
-        self.start_engine();
-        if let Some(engine) = &self.engine {
-            for queue in self.registry.queues() {
-                // Subs were acked (or are pending) already: the answer needs no reply.
-                engine.handle.listen_then(queue, |_| {});
-            }
-        }
+        self.engine.restart(self.registry.queues());
     }
 
     fn on_event(&mut self, event: Event) {
@@ -262,16 +194,8 @@ impl Router {
 
     /// Routes `queue` to `worker` FIRST, then asks the engine to LISTEN and
     /// acks when it ran. A NOTIFY after the LISTEN is therefore routed to
-    /// this worker whether it arrives before or after the ack.
-    ///
-    /// During a database outage (workers told `healthy: false`) a valid sub
-    /// is acked at once instead: it stays registered and is LISTENed on
-    /// reconnect, and while the hub has no connection no NOTIFY reaches
-    /// anyone, subscribed earlier or not. pgbus's own Ruby hub acks such a sub
-    /// after its listener's budget too; its Ruby client, left without an ack,
-    /// would fail over to a connection it cannot open during the outage and
-    /// stay without wakes until the worker recycles. Our client reads an ack
-    /// that follows `healthy: false` as "LISTENed after the reconnect".
+    /// this worker whether it arrives before or after the ack. (During a
+    /// database outage a valid sub is acked at once: see [`super::pending`].)
     fn subscribe(&mut self, worker_id: WorkerId, queue: String) {
         let Some(worker) = self.workers.get(&worker_id).cloned() else {
             return; // gone before its sub was read here
@@ -296,24 +220,20 @@ impl Router {
             );
         }
         self.registry.add(worker_id, &queue);
-        if self.engine.is_none() {
+        if self.engine.handle().is_none() {
             worker.sub_answered();
             return self.finish_subscribe(&worker, &queue, Err(ListenError::Stopped));
         }
-        let id = self.next_sub;
-        self.next_sub += 1;
-        self.listen_for(id, &queue);
-        let deferrable = self.listener_config.channel_for(&queue).is_ok();
-        let mut pending = PendingSub {
+        let deferrable = self.engine.is_valid_name(&queue);
+        let sub = Sub {
             worker: worker_id,
-            queue,
-            deferrable,
-            acked: false,
+            queue: queue.clone(),
         };
-        if self.outage && deferrable {
-            self.ack_during_outage(&worker, &mut pending);
+        let (id, ack) = self.pending.add(sub, deferrable);
+        self.engine.listen_for(id, &queue);
+        if let Some(ack) = ack {
+            self.ack_during_outage(&ack);
         }
-        self.pending.insert(id, pending);
     }
 
     /// Why a sub would pass a channel cap, if it would. A sub that adds no
@@ -341,43 +261,34 @@ impl Router {
         None
     }
 
-    /// Asks the engine to LISTEN for sub `id`; the answer comes back as `Listened`.
-    fn listen_for(&self, id: u64, queue: &str) {
-        if let Some(engine) = &self.engine {
-            let from_engine = self.from_engine.clone();
-            engine.handle.listen_then(queue, move |outcome| {
-                let _ = from_engine.send(FromEngine::Listened { id, outcome });
-            });
-        }
-    }
-
-    fn ack_during_outage(&self, worker: &Worker, pending: &mut PendingSub) {
-        self.send(worker, &Message::Ack(pending.queue.clone()));
+    fn ack_during_outage(&self, sub: &Sub) {
+        let Some(worker) = self.workers.get(&sub.worker) else {
+            return;
+        };
+        self.send(worker, &Message::Ack(sub.queue.clone()));
         self.shared.log.debug(format!(
             "acked {}'s sub for {:?} during the database outage: LISTENed on reconnect",
             worker.label(),
-            pending.queue
+            sub.queue
         ));
-        pending.acked = true;
     }
 
     fn listened(&mut self, id: u64, outcome: Result<(), ListenError>) {
-        if let (Err(ListenError::Stopped), Some(engine)) = (&outcome, &self.engine) {
-            if !engine.handle.is_stopped() && self.pending.contains_key(&id) {
+        if let (Err(ListenError::Stopped), Some(handle)) = (&outcome, self.engine.handle()) {
+            if let Some(queue) = self.pending.queue_of(id).filter(|_| !handle.is_stopped()) {
                 // The engine that had it ended and a new one runs: ask that one.
-                let queue = self.pending[&id].queue.clone();
-                return self.listen_for(id, &queue);
+                return self.engine.listen_for(id, queue);
             }
         }
-        let Some(pending) = self.pending.remove(&id) else {
+        let Some((sub, needs_reply)) = self.pending.answered(id) else {
             return;
         };
-        let Some(worker) = self.workers.get(&pending.worker).cloned() else {
+        let Some(worker) = self.workers.get(&sub.worker).cloned() else {
             return;
         };
         worker.sub_answered();
-        if !pending.acked {
-            self.finish_subscribe(&worker, &pending.queue, outcome);
+        if needs_reply {
+            self.finish_subscribe(&worker, &sub.queue, outcome);
         }
     }
 
@@ -412,9 +323,7 @@ impl Router {
 
     fn unsubscribe(&mut self, worker: WorkerId, queue: &str) {
         if self.registry.remove(worker, queue) {
-            if let Some(engine) = &self.engine {
-                engine.handle.unlisten(queue);
-            }
+            self.engine.unlisten(queue);
         }
     }
 
@@ -422,9 +331,7 @@ impl Router {
         self.workers.remove(&worker);
         self.monitors.remove(&worker);
         for queue in self.registry.remove_worker(worker) {
-            if let Some(engine) = &self.engine {
-                engine.handle.unlisten(&queue);
-            }
+            self.engine.unlisten(&queue);
         }
     }
 
@@ -507,8 +414,7 @@ impl Router {
     fn announced_health(&self) -> Option<bool> {
         let healthy = self.shared.healthy.load(Ordering::Relaxed);
         let attempted = healthy
-            || self.engine.as_ref().is_some_and(|engine| {
-                let stats = &engine.stats;
+            || self.engine.stats().is_some_and(|stats| {
                 stats.connect_failures() > 0
                     || stats.reconnects() > 0
                     || stats.last_error().is_some()
@@ -527,20 +433,8 @@ impl Router {
         for worker in self.workers.values() {
             worker.offer(&self.shared.backpressure, frame.clone(), false);
         }
-        let outage_began = healthy == self.outage && !healthy;
-        self.outage = !healthy;
-        if outage_began {
-            // Subs still waiting for a LISTEN that needs a reconnect first.
-            let mut pending = std::mem::take(&mut self.pending);
-            for sub in pending
-                .values_mut()
-                .filter(|sub| sub.deferrable && !sub.acked)
-            {
-                if let Some(worker) = self.workers.get(&sub.worker) {
-                    self.ack_during_outage(worker, sub);
-                }
-            }
-            self.pending = pending;
+        for sub in self.pending.health_announced(healthy) {
+            self.ack_during_outage(&sub);
         }
     }
 
@@ -564,26 +458,6 @@ impl Router {
     }
 }
 
-/// Resolves when the engine's task ends (never while there is none).
-async fn engine_ended(engine: Option<&mut Engine>, shared: &Shared) {
-    let Some(engine) = engine else {
-        return std::future::pending().await;
-    };
-    #[cfg(feature = "fault-injection")]
-    tokio::select! {
-        _ = &mut engine.task => {}
-        () = shared.end_engine.notified() => {
-            engine.task.abort();
-            let _ = (&mut engine.task).await;
-        }
-    }
-    #[cfg(not(feature = "fault-injection"))]
-    {
-        let _ = shared;
-        let _ = (&mut engine.task).await;
-    }
-}
-
 fn nack(queue: &str, error: &ListenError) -> Message {
     Message::Nack {
         queue: queue.to_owned(),
@@ -591,12 +465,11 @@ fn nack(queue: &str, error: &ListenError) -> Message {
     }
 }
 
-/// Accepts connections until `shutdown`; peers of another uid are refused
-/// here, everyone else is handed to the router.
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conninfo::ConnectionOptions;
+    use crate::listener::ListenerConfig;
     use crate::log::LogSink;
 
     /// The fan-out promise in the code path: one encoding per wake, and every

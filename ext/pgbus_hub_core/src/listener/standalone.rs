@@ -2,13 +2,13 @@
 //! (a current_thread runtime), driven by blocking calls.
 
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
 use crate::conninfo::DEFAULT_CONNECT_TIMEOUT;
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
+use crate::owned_thread::{OwnedThread, Stopped};
 use crate::process::Owner;
 use crate::protocol::Wake;
 use crate::sync::lock;
@@ -31,8 +31,7 @@ pub struct StandaloneListener {
     /// How long the first connection attempt may take (its connect timeout).
     first_attempt_budget: Duration,
     /// Taken by the first `stop`.
-    thread: Mutex<Option<JoinHandle<()>>>,
-    finished: crossbeam_channel::Receiver<()>,
+    thread: Mutex<Option<OwnedThread>>,
     log: LogSink,
 }
 
@@ -77,17 +76,17 @@ impl StandaloneListener {
                 )),
             })
         };
-        let (finished_sender, finished) = crossbeam_channel::bounded::<()>(0);
         let thread_log = log.clone();
-        let thread = std::thread::Builder::new()
-            .name("pgbus-listen".into())
-            .spawn(move || {
+        let stopping = handle.clone();
+        let thread = OwnedThread::spawn(
+            "pgbus-listen",
+            move || stopping.stop(),
+            move || {
                 if let Err(error) = runtime.block_on(join) {
                     thread_log.error(format!("pgbus-hub fallback listener engine ended: {error}"));
                 }
-                drop(runtime);
-                drop(finished_sender);
-            });
+            },
+        );
         let thread = match thread {
             Ok(thread) => thread,
             Err(error) => {
@@ -101,7 +100,6 @@ impl StandaloneListener {
             stats,
             first_attempt_budget,
             thread: Mutex::new(Some(thread)),
-            finished,
             log,
         })
     }
@@ -180,38 +178,29 @@ impl StandaloneListener {
         if !self.owner.is_current() {
             return;
         }
-        if let Some(handle) = &self.handle {
-            handle.stop();
-        }
         let Some(thread) = lock(&self.thread).take() else {
             return;
         };
-        crossbeam_channel::select! {
-            // Disconnected: the thread dropped its sender on its way out.
-            recv(self.finished) -> _ => {
-                let _ = thread.join();
-            }
-            recv(cancel) -> _ => self.log.debug(
+        match thread.stop_or_cancel(cancel, Some(STOP_JOIN_TIMEOUT)) {
+            Stopped::Joined | Stopped::NotOurs => {}
+            Stopped::Cancelled => self.log.debug(
                 "pgbus-hub fallback listener stop interrupted; its thread finishes shutting down detached",
             ),
-            default(STOP_JOIN_TIMEOUT) => self.log.warn(
+            Stopped::TimedOut => self.log.warn(
                 "pgbus-hub fallback listener did not stop within 2 s; leaving its thread detached",
             ),
         }
     }
 }
 
+/// Only signals (through the thread's stop): the engine shuts down on its
+/// own, detached; `stop` is the call that waits.
 impl Drop for StandaloneListener {
     fn drop(&mut self) {
-        if self.owner.is_current() {
-            self.stop();
-        } else {
-            // A forked child: the thread does not exist here and the
-            // connection is the parent's. Touch neither (no wake of the
-            // parent's runtime through inherited fds, no detach of a foreign thread).
+        if !self.owner.is_current() {
+            // A forked child: the engine's handle would wake the parent's
+            // runtime through inherited descriptors. (The thread is inert here.)
             std::mem::forget(self.handle.take());
-            let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
-            std::mem::forget(thread.take());
         }
     }
 }

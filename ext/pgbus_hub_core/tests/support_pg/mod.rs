@@ -93,3 +93,106 @@ pub fn census(sql: &mut postgres::Client, tag: &str) -> i64 {
     .unwrap()
     .get(0)
 }
+
+/// A TCP proxy in front of the test server that can be frozen: while frozen
+/// it forwards nothing either way (the server looks hung, the connection
+/// stays open). For tests that need a stop to be slow.
+pub struct FreezableProxy {
+    pub url: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FreezableProxy {
+    /// Listens on 127.0.0.1 (any port) and forwards each connection to the server `url` names.
+    pub fn start(url: &str) -> Self {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        use tokio_postgres::config::Host;
+        let options = ConnectionOptions::parse(url).unwrap();
+        let config = options.config();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let upstream = match config.get_hosts().first() {
+            Some(Host::Unix(dir)) => Upstream::Unix(dir.join(format!(".s.PGSQL.{port}"))),
+            Some(Host::Tcp(host)) => Upstream::Tcp(format!("{host}:{port}")),
+            None => panic!("{url} names no host"),
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut keywords = format!(
+            "host=127.0.0.1 port={} dbname={} user={}",
+            listener.local_addr().unwrap().port(),
+            config.get_dbname().unwrap_or("postgres"),
+            config.get_user().unwrap_or("postgres"),
+        );
+        if let Some(password) = config.get_password() {
+            keywords += &format!(" password={}", String::from_utf8_lossy(password));
+        }
+        let frozen = Arc::new(AtomicBool::new(false));
+        let proxy_frozen = frozen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let (to_server, from_server) = upstream.connect();
+                let client_reader = client.try_clone().unwrap();
+                forward(client_reader, to_server, proxy_frozen.clone());
+                forward(from_server, client, proxy_frozen.clone());
+            }
+        });
+        Self {
+            url: keywords,
+            frozen,
+        }
+    }
+
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+enum Upstream {
+    Unix(std::path::PathBuf),
+    Tcp(String),
+}
+
+impl Upstream {
+    /// The server side as a (writer, reader) pair.
+    fn connect(
+        &self,
+    ) -> (
+        Box<dyn std::io::Write + Send>,
+        Box<dyn std::io::Read + Send>,
+    ) {
+        match self {
+            Upstream::Unix(path) => {
+                let stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+                (Box::new(stream.try_clone().unwrap()), Box::new(stream))
+            }
+            Upstream::Tcp(address) => {
+                let stream = std::net::TcpStream::connect(address).unwrap();
+                (Box::new(stream.try_clone().unwrap()), Box::new(stream))
+            }
+        }
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own, holding whatever it read
+/// once the proxy is frozen. Ends when either side closes.
+fn forward(
+    mut from: impl std::io::Read + Send + 'static,
+    mut to: impl std::io::Write + Send + 'static,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 16384];
+        loop {
+            let n = match from.read(&mut buffer) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if to.write_all(&buffer[..n]).is_err() {
+                return;
+            }
+        }
+    });
+}
