@@ -71,6 +71,19 @@ RSpec.describe "pgbus-hub serve", :puma do
     end
   end
 
+  it "a Puma master starting its hub at the default path removes the sockets dead masters left there, no others" do
+    Dir.mktmpdir("pgbus-puma-tmpdir") do |tmpdir|
+      dead = File.join(tmpdir, Pgbus::Hub.socket_name(999_999_999)) # above any pid_max: no such process
+      alive = File.join(tmpdir, Pgbus::Hub.socket_name(::Process.pid)) # this process: never removed
+      [dead, alive].each { |path| UNIXServer.new(path).close }
+      c = cluster(mode: :standalone, workers: 2, env: { "TMPDIR" => tmpdir })
+      c.wait_log(/master hub listening at/)
+      expect(c.log).to include("removed a stale hub socket: #{dead}")
+      expect([File.exist?(dead), File.exist?(alive)]).to eq([false, true])
+      stop_clusters
+    end
+  end
+
   it "exits 64 on a usage error and when it has no connection" do
     out, code = run_exe("serve", "--bogus")
     expect([out, code]).to match([/invalid option: --bogus/, 64])

@@ -112,6 +112,7 @@ module Pgbus
         def start(options)
           return if options[:scope].to_s != "master"
 
+          StaleSockets.remove(@logger)
           SharedHub.start(socket_path: @socket_path, logger: @logger, **options)
           @logger&.info("[pgbus-hub] #{options[:source]} configuration: master hub started before fork (pid #{::Process.pid})")
         rescue StandardError => e

@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "socket"
 require "tmpdir"
 
 module Pgbus
@@ -15,35 +14,6 @@ module Pgbus
       # $PGBUS_STREAMS_HUB_SOCKET names one: stable across restarts (the app is
       # told it once) and where `pgbus-hub status` looks.
       def self.default_socket_path = File.join(Dir.tmpdir, Hub.socket_name("serve"))
-
-      # Sockets at the default location (Dir.tmpdir/pgbus-streams-hub-*.sock)
-      # left by a hub that died without unlinking (kill -9).
-      def self.stale_sockets(glob = File.join(Dir.tmpdir, Hub.socket_name("*")))
-        Dir.glob(glob).select { |path| File.socket?(path) && stale?(path) }.sort
-      end
-
-      # A socket named for a master pid is stale once that process is gone
-      # (its forked workers may still hold the listening fd, so a connect
-      # could succeed); serve's own name, once nothing answers on it. Live
-      # hubs are never connected to, so none sees a stray connection.
-      def self.stale?(path)
-        pid = File.basename(path)[/\Apgbus-streams-hub-(\d+)\.sock\z/, 1]
-        return !answers?(path) unless pid
-
-        ::Process.kill(0, Integer(pid))
-        false
-      rescue Errno::ESRCH
-        true
-      rescue Errno::EPERM # alive, someone else's
-        false
-      end
-
-      def self.answers?(path)
-        UNIXSocket.new(path).close
-        true
-      rescue Errno::ECONNREFUSED, Errno::ENOENT
-        false
-      end
 
       # "2026-12-04T23:59:01.123Z INFO [pgbus-hub] ..." lines on an IO that
       # SIGHUP reopens (logrotate's copy-less rotation).
@@ -68,10 +38,7 @@ module Pgbus
         logger = PumaLog.new(log_file)
         signals = Queue.new
         %w[TERM INT HUP].each { |signal| trap(signal) { signals << signal } }
-        stale_sockets.each do |path|
-          File.unlink(path)
-          logger.info("[pgbus-hub] removed a stale hub socket: #{path}")
-        end
+        StaleSockets.remove(logger)
         options = Hub.master_options.except(:scope, :source)
         hub = MasterHub.new(socket_path: socket_path, logger: logger, **options).start
         logger.info("[pgbus-hub] serving #{socket_path} (pid #{::Process.pid})")
