@@ -5,7 +5,7 @@
 //! and log threads (started, listed and joined by `stop`) are in `threads`.
 
 use crate::errors::{hub_error, panicked};
-use crate::nogvl::{check_interrupts, nogvl_cancellable};
+use crate::nogvl::{nogvl_cancellable, nogvl_resuming};
 use crate::options::{self, listener_config};
 use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
@@ -81,7 +81,7 @@ impl RbFailoverListener {
                 // may be live at the check (it may unwind).
                 Err(_) if started.interrupted => {
                     drop(records);
-                    check_interrupts();
+                    ruby.thread_check_ints()?;
                 }
                 Err(error) => return Err(hub_error(ruby, error.to_string())),
             }
@@ -105,9 +105,12 @@ impl RbFailoverListener {
                 "ensure_listening before start (or after stop)",
             ));
         };
-        let listened = nogvl_cancellable(move |cancelled| {
-            listener.ensure_listening_or_cancel(&queue, cancelled)
-        })
+        let listened = nogvl_resuming(
+            ruby,
+            listener.listen_budget(),
+            |cancelled| listener.ensure_listening_or_cancel(&queue, cancelled),
+            |listened| *listened == Listened::NotConfirmed,
+        )?
         .ok_or_else(|| panicked(ruby, "FailoverListener#ensure_listening"))?;
         Ok((listened.value == Listened::Done).then(|| ruby.to_symbol("done")))
     }

@@ -3,7 +3,7 @@
 //! threads (started, listed and joined by `stop`) are in `threads`.
 
 use crate::errors::{panicked, unavailable};
-use crate::nogvl::{check_interrupts, nogvl_cancellable};
+use crate::nogvl::{nogvl_cancellable, nogvl_resuming};
 use crate::options;
 use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
@@ -93,10 +93,9 @@ impl RbHubClient {
             match connected.value {
                 // Any failure while interrupted too: never raise over the interrupt.
                 Err(error) if connected.interrupted => {
-                    // Nothing Rust owns may be live at the check (it may unwind).
                     drop(error);
                     drop(records);
-                    check_interrupts();
+                    ruby.thread_check_ints()?;
                 }
                 connected => {
                     break (
@@ -126,10 +125,12 @@ impl RbHubClient {
             .client()
             .ok_or_else(|| client_error(ruby, rb_self, not_connected()))?;
         // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
-        let asked = queue.clone();
-        let listening = nogvl_cancellable(move |cancelled| {
-            client.ensure_listening_or_cancel(&asked, cancelled)
-        })
+        let listening = nogvl_resuming(
+            ruby,
+            client.ack_timeout(),
+            |cancelled| client.ensure_listening_or_cancel(&queue, cancelled),
+            |outcome| matches!(outcome, Ok(Listening::Interrupted)),
+        )?
         .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?;
         if listening.interrupted && listening.value.is_err() {
             return Ok(None); // never raise over Ruby's pending interrupt

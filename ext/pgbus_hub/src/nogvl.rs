@@ -5,6 +5,9 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use magnus::{Error, Ruby};
 
 struct Call<F, R> {
     func: Option<F>,
@@ -117,11 +120,30 @@ pub struct Cancellable<R> {
     pub interrupted: bool,
 }
 
-/// Acts on a pending Ruby interrupt now, after a call [`nogvl_cancellable`]
-/// cut short: Thread#kill and Thread#raise unwind from here, so the caller
-/// must hold nothing that needs dropping; a bare wake-up (Thread#wakeup)
-/// returns, and the caller retries its call (as Ruby's own IO calls do).
-pub fn check_interrupts() {
-    // SAFETY: called with the GVL, on the Ruby thread the interrupt is for.
-    unsafe { rb_sys::rb_thread_check_ints() };
+/// [`nogvl_cancellable`] for a wait that must resume after an interrupt
+/// with nothing to act on. Ruby calls a blocked thread's unblock function
+/// for more than Thread#kill and Thread#raise (seen on Ruby 3.3 in a freshly
+/// forked child: the first wait of 3 in 32 children was cut short at once
+/// with no interrupt pending). As Ruby's own blocking calls do, the interrupt
+/// is acted on here (an exception or a kill comes back as the `Err`), then
+/// `func` runs again while `unfinished` says its outcome is incomplete and
+/// `budget`, counted from the first call, has not passed. None if `func` panicked.
+pub fn nogvl_resuming<R>(
+    ruby: &Ruby,
+    budget: Duration,
+    mut func: impl FnMut(&crossbeam_channel::Receiver<()>) -> R,
+    unfinished: impl Fn(&R) -> bool,
+) -> Result<Option<Cancellable<R>>, Error> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let Some(call) = nogvl_cancellable(&mut func) else {
+            return Ok(None);
+        };
+        if !call.interrupted || !unfinished(&call.value) || Instant::now() >= deadline {
+            return Ok(Some(call));
+        }
+        drop(call);
+        // Through rb_protect: nothing is unwound past this frame.
+        ruby.thread_check_ints()?;
+    }
 }

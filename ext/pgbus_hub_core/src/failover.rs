@@ -268,6 +268,13 @@ impl FailoverListener {
         outcome
     }
 
+    /// The longest `ensure_listening` waits for a confirmation, on either
+    /// side (the hub's ack timeout, the local listener's LISTEN budget).
+    pub fn listen_budget(&self) -> Duration {
+        let health_check = self.shared.listener.health_check;
+        hub_ack_timeout(health_check).max(listen_ack_timeout(health_check))
+    }
+
     pub fn ensure_listening(&self, queue: &str) -> Listened {
         self.ensure_listening_or_cancel(queue, &crossbeam_channel::never())
     }

@@ -417,6 +417,11 @@ impl HubClient {
             && self.inner.healthy.load(Ordering::Acquire)
     }
 
+    /// The longest `ensure_listening` waits for an ack.
+    pub fn ack_timeout(&self) -> Duration {
+        self.inner.ack_timeout
+    }
+
     /// True once the transport died or the client was stopped, and always in
     /// a forked child.
     pub fn is_dead(&self) -> bool {
