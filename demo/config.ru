@@ -1,11 +1,15 @@
 # frozen_string_literal: true
 
 # The demo app (bin/demo). Per worker: one Pgbus::Hub.listener (hub client with
-# fail-over, or a local listener), one dispatcher thread fanning its wakes to
-# the worker's open SSE connections.
+# fail-over, or a local listener) subscribed from boot to every topic, one
+# dispatcher thread counting its wakes and fanning them to the worker's open
+# SSE connections.
 #   GET  /streams/:topic    Server-Sent Events (hijacked socket), one event per wake
 #   POST /broadcast/:topic  NOTIFY topic (empty body: durable) / pg_notify(topic, body)
-#   GET  /stats.json        census + hub stats + this worker's listener
+#   POST /send/:topic       the page's broadcast: {"sent_at": ms, "text": ...} (?bytes=N pads it;
+#                           "large" goes through pgbus_hub_large_payloads, as ActionCable's do)
+#   POST /hub/stop|start    the master's hub stopped / started again (a signal to the master)
+#   GET  /stats.json        census, every worker's counters, hub stats
 #   GET  /                  the live page
 require "json"
 require "logger"
@@ -94,6 +98,10 @@ end
 # Everything that must not cross fork: built lazily, once per worker pid.
 class DemoWorker
   TOPIC = /\A[a-z0-9_]{1,40}\z/.freeze
+  # What every worker subscribes to from boot: two queues, and a raw channel
+  # for payloads NOTIFY cannot carry (read once, by the hub, from the table).
+  SUBSCRIPTIONS = { "alpha" => "alpha", "beta" => "beta", "large" => Pgbus::Hub.channel_key("demo_large") }.freeze
+  STATE_DIR = ENV.fetch("DEMO_STATE_DIR", nil)
 
   def self.current
     @lock ||= Mutex.new
@@ -111,10 +119,14 @@ class DemoWorker
     @lock = Mutex.new
     @db_lock = Mutex.new
     @delivered = 0
+    @received = 0
     @listener = Pgbus::Hub.listener(dispatch_queue: @wakes)
+    SUBSCRIPTIONS.each_value { |key| @listener.listen(key) }
     @dispatcher = Thread.new { dispatch_loop }
-    @ticker = Thread.new { loop { sleep 15; @wakes << :tick } }
+    @ticker = Thread.new { loop { sleep 1; @wakes << :tick } }
   end
+
+  def self.key_for(topic) = SUBSCRIPTIONS.fetch(topic, topic)
 
   # Hijacks the socket, registers it, LISTENs (through the hub), then sends
   # a "ready" event: everything NOTIFYed after that event reaches this stream.
@@ -124,8 +136,8 @@ class DemoWorker
     io.write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
              "X-Accel-Buffering: no\r\nConnection: close\r\n\r\n")
     sse = SseStream.new(io, on_close: ->(closed) { forget(closed) })
-    @lock.synchronize { @streams[topic] << sse }
-    result = @listener.ensure_listening(topic)
+    @lock.synchronize { @streams[DemoWorker.key_for(topic)] << sse }
+    result = @listener.ensure_listening(DemoWorker.key_for(topic))
     send_event(sse, "ready", { pid: Process.pid, topic: topic, listen: result.to_s, listener: listener_kind })
   rescue StandardError
     sse ? sse.close : io&.close
@@ -138,6 +150,25 @@ class DemoWorker
       else
         db.exec_params("select pg_notify($1, $2)", [topic, body])
       end
+    end
+  end
+
+  # The page's message: when it was sent (ms since the epoch, for the page's
+  # latency histogram), padded to `bytes`. "large" is a raw channel: a payload
+  # of 8000 bytes or more goes into pgbus_hub_large_payloads and its id is NOTIFYed.
+  def send_stamped(topic, bytes)
+    sent_at = Process.clock_gettime(Process::CLOCK_REALTIME, :float_millisecond)
+    text = "sent from worker #{Process.pid}"
+    payload = JSON.generate({ sent_at: sent_at, text: text })
+    payload = JSON.generate({ sent_at: sent_at, text: text + ("." * (bytes - payload.bytesize)) }) if bytes > payload.bytesize
+    return broadcast(topic, payload) unless topic == "large"
+
+    with_db do |db|
+      if payload.bytesize >= Pgbus::Hub::NOTIFY_PAYLOAD_LIMIT
+        db.exec(Pgbus::Hub::LARGE_PAYLOAD_DDL)
+        payload = "#{Pgbus::Hub::LARGE_PAYLOAD_MARK}#{db.exec_params(Pgbus::Hub::LARGE_PAYLOAD_INSERT, [payload]).getvalue(0, 0)}"
+      end
+      db.exec_params("select pg_notify($1, $2)", ["demo_large", payload])
     end
   end
 
@@ -173,24 +204,49 @@ class DemoWorker
 
   def info
     { pid: Process.pid, listener: listener_kind, open_streams: @lock.synchronize { @streams.values.sum(&:size) },
-      delivered: @delivered }
+      received: @received, delivered: @delivered }
+  end
+
+  # Every live worker's info, as each last wrote it (the page shows them all,
+  # whichever worker answers its request).
+  def self.all_infos
+    return [current.info] unless STATE_DIR
+
+    Dir[File.join(STATE_DIR, "worker-*.json")].filter_map do |path|
+      info = JSON.parse(File.read(path), symbolize_names: true)
+      ::Process.kill(0, info[:pid]) && info
+    rescue Errno::ESRCH, Errno::ENOENT, JSON::ParserError
+      nil
+    end.sort_by { |info| info[:pid] }
   end
 
   private
 
   def dispatch_loop
+    ticks = 0
     loop do
       wake = @wakes.pop
       if wake == :tick
-        each_stream(nil) { |sse| sse.push(": keepalive\n\n") }
+        each_stream(nil) { |sse| sse.push(": keepalive\n\n") } if ((ticks += 1) % 15).zero?
+        write_state
         next
       end
-      data = { pid: Process.pid, topic: wake.queue_name, payload: wake.payload, durable: wake.payload.nil?,
-               at: Process.clock_gettime(Process::CLOCK_REALTIME) }
+      @received += 1
+      data = { pid: Process.pid, topic: SUBSCRIPTIONS.key(wake.queue_name) || wake.queue_name, payload: wake.payload,
+               durable: wake.payload.nil?, at: Process.clock_gettime(Process::CLOCK_REALTIME) }
       each_stream(wake.queue_name) { |sse| send_event(sse, "wake", data) && (@delivered += 1) }
+      write_state if @wakes.empty?
     rescue StandardError => e
       warn "[demo] dispatcher: #{e.class}: #{e.message}"
     end
+  end
+
+  def write_state
+    return unless STATE_DIR
+
+    path = File.join(STATE_DIR, "worker-#{Process.pid}.json")
+    File.write("#{path}.tmp", JSON.generate(info))
+    File.rename("#{path}.tmp", path)
   end
 
   def each_stream(topic, &block)
@@ -222,8 +278,11 @@ def stats_body
     { error: e.message }
   end
   { census: worker.census, scope: Pgbus::Hub.configuration.listen_scope, socket: socket, hub: hub,
-    worker: worker.info }
+    worker: worker.info, workers: DemoWorker.all_infos, worker_count: Integer(ENV.fetch("DEMO_WORKERS", "4")) }
 end
+
+# The page's hub buttons: a signal to the Puma master (demo/puma.rb traps them).
+HUB_SIGNALS = { "stop" => "WINCH", "start" => "URG" }.freeze
 
 # The ActionCable page, when ActionCable is installed.
 CABLE = begin
@@ -252,6 +311,13 @@ run lambda { |env|
 
     DemoWorker.current.stream(env, topic)
     [200, {}, []] # ignored: the socket was hijacked
+  in ["POST", %r{\A/send/(alpha|beta|large)\z}]
+    bytes = env["QUERY_STRING"].to_s[/(?:\A|&)bytes=(\d{1,7})/, 1].to_i
+    DemoWorker.current.send_stamped(path.split("/").last, bytes)
+    json(200, { pid: Process.pid, bytes: bytes })
+  in ["POST", %r{\A/hub/(stop|start)\z}]
+    ::Process.kill(HUB_SIGNALS.fetch(path.split("/").last), ::Process.ppid)
+    json(200, { pid: Process.pid, master: ::Process.ppid })
   in ["POST", %r{\A/broadcast/([^/]+)\z}]
     topic = path.split("/").last
     next json(400, { error: "bad topic" }) unless topic.match?(DemoWorker::TOPIC)

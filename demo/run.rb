@@ -150,7 +150,8 @@ class Cluster
   PUMA = ENV.fetch("DEMO_PUMA", "/usr/bin/puma")
   attr_reader :pid, :port, :log_path
 
-  def initialize(database_url:, port:, workers:, scope:, log_path:)
+  def initialize(database_url:, port:, workers:, scope:, log_path:, state_dir:)
+    @state_dir = state_dir
     @database_url = database_url
     @port = port
     @workers = workers
@@ -164,7 +165,7 @@ class Cluster
 
     env = { "RUBYLIB" => [File.join(ROOT, "lib"), ENV["RUBYLIB"]].compact.reject(&:empty?).join(File::PATH_SEPARATOR),
             "DEMO_DATABASE_URL" => @database_url, "DEMO_PORT" => @port.to_s, "DEMO_WORKERS" => @workers.to_s,
-            "DEMO_SCOPE" => @scope.to_s, "PGBUS_STREAMS_HUB_SOCKET" => nil }
+            "DEMO_SCOPE" => @scope.to_s, "DEMO_STATE_DIR" => @state_dir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
     @pid = Process.spawn(env, RbConfig.ruby, PUMA, "-C", File.join(__dir__, "puma.rb"), chdir: __dir__, pgroup: true,
                          in: File::NULL, out: @log_path, err: %i[child out])
     Demo.wait_until("puma to serve on port #{@port}", timeout: 60) do
@@ -332,7 +333,7 @@ class Runner
     @db = Database.new.start
     Demo.step "starting Puma: #{@opts[:workers]} workers, preload_app!, plugin :pgbus_hub, listen_scope :master"
     @cluster = Cluster.new(database_url: @db.url, port: port, workers: @opts[:workers], scope: :master,
-                           log_path: File.join(@work, "puma.log")).start
+                           log_path: File.join(@work, "puma.log"), state_dir: @work).start
     @socket = @cluster.socket_path
     Demo.step "master hub at #{@socket} (master pid #{@cluster.pid}, workers #{@cluster.group_pids.sort - [@cluster.pid]})"
     @opts[:serve] ? serve : drive

@@ -81,7 +81,7 @@ RSpec.describe "bin/demo", :demo do
     expect(status.exitstatus).to eq(0), out
     expect(out).to include("==> starting Puma", "==> phase 1 (hub)", "==> stopping the master hub", "==> phase 2 (failed over)")
     expect(out).to match(/^census:\s+1 pgbus-listen connection\(s\) with the hub; 4 without it \(measured/)
-    expect(out).to match(/^hub stats:\s+workers 4, channels 2, listener_healthy true/) # the stats query is no worker
+    expect(out).to match(/^hub stats:\s+workers 4, channels 3, listener_healthy true/) # the stats query is no worker
     expect(out).to match(%r{^hub\s+delivered (\d+)/\1 to 4 workers, wake latency p50 [\d.]+ ms, p99 [\d.]+ ms})
     expect(out).to match(/^fail-over:\s+hub stopped -> census 4/)
     expect(out).to match(%r{^failover\s+delivered (\d+)/\1 to 4 workers})
@@ -165,7 +165,8 @@ RSpec.describe "bin/demo", :demo do
     end
   end
 
-  it "shows live messages in headless Chromium (screenshot in tmp/demo-page.png)" do
+  it "shows the census gauge, every worker's counter and the latency histogram in headless Chromium; " \
+     "its buttons broadcast, broadcast 100 KB, stop the hub (gauge 1 -> 4) and start it (-> 1); screenshot in tmp/demo-page.png" do
     chromium = %w[chromium chromium-browser google-chrome].map { |c| `command -v #{c} 2>/dev/null`.strip }.find { |p| !p.empty? }
     skip "chromium not installed (bin/setup installs it)" unless chromium
     skip "no PostgreSQL binaries (/usr/lib/postgresql/*/bin) and no DATABASE_URL" unless postgres
@@ -202,18 +203,45 @@ RSpec.describe "bin/demo", :demo do
       cdp.call("Page.enable")
       cdp.call("Page.navigate", { url: url })
       text = -> { cdp.evaluate("document.body ? document.body.innerText : ''").to_s }
-      wait_for("both panels live", timeout: 20, interval: 0.1) { text.call.scan("live on worker").size == 2 }
+      click = ->(id) { cdp.evaluate("document.getElementById(#{id.to_json}).click(); 1") }
+      census = -> { cdp.evaluate('document.getElementById("census-value").textContent').to_s }
+      # [[pid, "the hub" | "its own connection", wakes received], ...] as the page shows them.
+      workers = lambda do
+        cdp.evaluate(<<~JS).to_a
+          Array.from(document.querySelectorAll("#workers tr")).map(function (tr) {
+            return [Number(tr.cells[0].textContent), tr.cells[1].textContent, Number(tr.cells[2].textContent)];
+          })
+        JS
+      end
+      wait_for("both streams live", timeout: 20, interval: 0.1) { text.call.scan(/stream live on worker/).size == 2 }
+      wait_for("the gauge at 1 with 4 workers on the hub", timeout: 20, interval: 0.1) do
+        census.call == "1" && workers.call.map { |w| w[1] }.tally == { "the hub" => 4 }
+      end
+      expect(text.call).to include("per-worker listening: 4")
 
-      message = "hello from spec #{SecureRandom.hex(4)}"
-      %w[alpha beta].each do |topic|
-        res = Net::HTTP.post(URI("#{url}broadcast/#{topic}"), "#{message} #{topic}", "content-type" => "text/plain")
-        expect(res.code).to eq("200")
+      cdp.evaluate('document.getElementById("live").click(); 1') # no background broadcasts: counts below are ours
+      before = workers.call.to_h { |pid, _, received| [pid, received] }
+      click.call("broadcast")
+      wait_for("every worker's counter up by one, a latency sample", timeout: 15, interval: 0.1) do
+        workers.call.all? { |pid, _, received| received > before.fetch(pid) } &&
+          text.call.match?(/\d+ samples · p50 [\d.]+ ms · p99 [\d.]+ ms/)
       end
-      Timeout.timeout(15) do
-        sleep 0.1 until text.call.include?("#{message} alpha") && text.call.include?("#{message} beta")
+      click.call("large")
+      wait_for("the 100 KB broadcast on the page", timeout: 15, interval: 0.1) do
+        text.call.match?(/100 KB broadcast: 102400 bytes arrived through worker \d+/)
       end
-      wait_for("the census on the page", timeout: 15, interval: 0.1) { text.call.include?("pgbus-listen connections: 1") }
-      expect(text.call).to match(/worker \d+: #{message} alpha/)
+
+      click.call("stop-hub")
+      wait_for("the gauge at 4, every worker on its own connection", timeout: 30, interval: 0.1) do
+        census.call == "4" && workers.call.map { |w| w[1] }.tally == { "its own connection" => 4 }
+      end
+      click.call("start-hub")
+      wait_for("the gauge back at 1, every worker on the hub", timeout: 30, interval: 0.1) do
+        census.call == "1" && workers.call.map { |w| w[1] }.tally == { "the hub" => 4 }
+      end
+      cdp.evaluate('document.getElementById("live").click(); 1') # live again, for the screenshot
+      wait_for("more latency samples", timeout: 15, interval: 0.1) { text.call[/(\d+) samples/, 1].to_i >= 4 }
+      expect(text.call).not_to include('"census"') # no JSON on the main view (raw stats stay folded)
 
       png = Base64.decode64(cdp.call("Page.captureScreenshot", { format: "png" })["data"])
       FileUtils.mkdir_p(File.join(ROOT, "tmp"))
