@@ -56,6 +56,30 @@ RSpec.describe Pgbus::Hub::FailoverListener do
     expect(out.string).to include("using a per-worker listener")
   end
 
+  # The listener is the only holder of its dispatch queue, logger and
+  # callback: they live in its typed options, marked for the GC (pinned, so
+  # compaction leaves them where the native side put them).
+  it "keeps the objects it was given alive through GC and compaction" do
+    confirmed = Queue.new
+    listener = described_class.new(socket_path: File.join(@dir, "nobody.sock"), connection: TestDatabase.url,
+                                   dispatch_queue: Queue.new, logger: Logger.new(StringIO.new),
+                                   on_listening: ->(queue, ticket) { confirmed << [queue.dup, ticket] })
+    @listener = listener
+    3.times { GC.start(full_mark: true, immediate_sweep: true) }
+    GC.compact if GC.respond_to?(:compact)
+    listener.start
+    ticket = listener.listen("fo_gc")
+    expect(Timeout.timeout(10) { confirmed.pop }).to eq(["fo_gc", ticket])
+    expect(listener.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")
+  end
+
+  it "is refused before initialize, and initialize is refused twice" do
+    expect { described_class.allocate.start }.to raise_error(ArgumentError, /FailoverListener was never initialized/)
+    listener = described_class.new(connection: TestDatabase.url, dispatch_queue: Queue.new, socket_path: "/x.sock")
+    expect { listener.send(:initialize, connection: TestDatabase.url, dispatch_queue: Queue.new, socket_path: "/x") }
+      .to raise_error(ArgumentError, /FailoverListener is already initialized/)
+  end
+
   it "refuses unknown and missing options by name" do
     expect { described_class.new(connection: TestDatabase.url, dispatch_queue: Queue.new) }
       .to raise_error(ArgumentError, /missing required option\(s\) :socket_path/)

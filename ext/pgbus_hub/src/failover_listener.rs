@@ -6,29 +6,36 @@
 
 use crate::errors::{hub_error, panicked};
 use crate::nogvl::{nogvl_cancellable, nogvl_resuming};
-use crate::options::{self, listener_config};
+use crate::options::{self, FailoverListenerOptions};
 use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
-use magnus::scan_args::scan_args;
+use magnus::gc::Marker;
+use magnus::typed_data::DataTypeFunctions;
 use magnus::{
-    method, prelude::*, typed_data::Obj, value::Lazy, Error, KwArgs, RClass, RHash, RModule,
-    RString, Ruby, Symbol, Value,
+    method, prelude::*, typed_data::Obj, value::Lazy, Error, RClass, RHash, RModule, Ruby, Symbol,
+    Value,
 };
 use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
-use pgbus_hub_core::hub::SOCKET_ENV;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-#[derive(Default)]
-#[magnus::wrap(class = "Pgbus::Hub::FailoverListener")]
+#[derive(Default, magnus::TypedData)]
+#[magnus(class = "Pgbus::Hub::FailoverListener", mark)]
 pub struct RbFailoverListener {
+    options: OnceLock<FailoverListenerOptions>,
     /// Shared by concurrent calls (one per request thread); `stop` takes it out.
     listener: Mutex<Option<Arc<FailoverListener>>>,
     /// Set by the first `start` (the next ones return at once).
     started: AtomicBool,
     outputs: Outputs,
+}
+
+impl DataTypeFunctions for RbFailoverListener {
+    fn mark(&self, marker: &Marker) {
+        self.outputs.mark(marker);
+    }
 }
 
 impl RbFailoverListener {
@@ -38,12 +45,20 @@ impl RbFailoverListener {
 
     fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
         let listener_class: RClass = ruby.get_inner(&LISTENER);
-        let owner = if rb_self.is_kind_of(listener_class) {
+        let class = if rb_self.is_kind_of(listener_class) {
             "Listener"
         } else {
             "FailoverListener"
         };
-        options::initialize(ruby, rb_self, owner, args)
+        let (cell, outputs) = (&rb_self.options, &rb_self.outputs);
+        options::initialize(
+            ruby,
+            class,
+            args,
+            cell,
+            outputs,
+            FailoverListenerOptions::parse,
+        )
     }
 
     /// Idempotent, like pgbus's Listener#start: starts the listener, then
@@ -52,7 +67,7 @@ impl RbFailoverListener {
         if rb_self.started.swap(true, Ordering::SeqCst) {
             return Ok(rb_self);
         }
-        if let Err(error) = Self::native_start(ruby, &rb_self, options::of(rb_self)?) {
+        if let Err(error) = Self::native_start(ruby, &rb_self) {
             rb_self.started.store(false, Ordering::SeqCst);
             return Err(error);
         }
@@ -62,14 +77,13 @@ impl RbFailoverListener {
 
     /// Connects to the hub at `:socket_path` (if given) without the GVL;
     /// Thread#kill / Thread#raise end a wait on a full listen backlog at once.
-    fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
-        let socket_path: Option<RString> = options.lookup(ruby.to_symbol("socket_path"))?;
-        let socket_path = socket_path.map(|p| p.to_string()).transpose()?;
+    fn native_start(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let options = options::kept(ruby, &rb_self.options, "FailoverListener")?;
         let ((listener, wakes), records) = loop {
             let (log, records) = LogSink::channel();
             let config = FailoverConfig {
-                socket_path: socket_path.clone().map(Into::into),
-                listener: listener_config(ruby, options, log)?,
+                socket_path: options.socket_path.clone().map(Into::into),
+                listener: options.listener.config(log),
             };
             let started = nogvl_cancellable(move |cancelled| {
                 FailoverListener::start_or_cancel(config, cancelled)
@@ -77,8 +91,7 @@ impl RbFailoverListener {
             .ok_or_else(|| panicked(ruby, "FailoverListener#start"))?;
             match started.value {
                 Ok(started) => break (started, records),
-                // Never raise over Ruby's pending interrupt; nothing Rust owns
-                // may be live at the check (it may unwind).
+                // Never raise over Ruby's pending interrupt.
                 Err(_) if started.interrupted => {
                     drop(records);
                     ruby.thread_check_ints()?;
@@ -199,58 +212,7 @@ static LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
-/// `Pgbus::Hub.hub_served?(options)`: a worker of the hub `options` describe
-/// (`master_options`' shape) is served by the master's hub: the `:master`
-/// scope, and the master exported its socket.
-fn hub_served(ruby: &Ruby, options: RHash) -> Result<bool, Error> {
-    let scope: Option<Value> = options.get(ruby.to_symbol("scope"));
-    let master = match scope {
-        Some(scope) => scope.funcall::<_, _, String>("to_s", ())? == "master",
-        None => false,
-    };
-    Ok(master && std::env::var(SOCKET_ENV).is_ok_and(|path| !path.is_empty()))
-}
-
-/// `Pgbus::Hub.worker_listener(options, **worker)`: a started listener for
-/// a worker of the hub `options` describe, with the `worker` keywords
-/// (dispatch_queue, logger, ...): a FailoverListener over the master's hub
-/// when it serves, else a Listener of its own.
-fn worker_listener(ruby: &Ruby, args: &[Value]) -> Result<Value, Error> {
-    let args = scan_args::<(RHash,), (), (), (), RHash, ()>(args)?;
-    let (options,) = args.required;
-    let listener = ruby.hash_new();
-    for key in [
-        "connection",
-        "health_check_ms",
-        "channel_prefix",
-        "channel_suffix",
-    ] {
-        if let Some(value) = options.get(ruby.to_symbol(key)) {
-            listener.aset(ruby.to_symbol(key), value)?;
-        }
-    }
-    listener.update(args.keywords)?;
-    let class: RClass = if hub_served(ruby, options)? {
-        let socket_path = std::env::var(SOCKET_ENV).unwrap_or_default();
-        listener.aset(ruby.to_symbol("socket_path"), socket_path)?;
-        ruby.get_inner(&FAILOVER_LISTENER)
-    } else {
-        ruby.get_inner(&LISTENER)
-    };
-    let built: Value = class.funcall("new", (KwArgs(listener),))?;
-    built.funcall("start", ())
-}
-
-/// `Pgbus::Hub::FailoverListener`.
-static FAILOVER_LISTENER: Lazy<RClass> = Lazy::new(|ruby| {
-    crate::errors::hub_module(ruby)
-        .const_get("FailoverListener")
-        .expect("defined in init")
-});
-
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
-    hub.define_module_function("hub_served?", magnus::function!(hub_served, 1))?;
-    hub.define_module_function("worker_listener", magnus::function!(worker_listener, -1))?;
     let class = hub.define_class("FailoverListener", ruby.class_object())?;
     class.define_alloc_func::<RbFailoverListener>();
     class.define_method("initialize", method!(RbFailoverListener::initialize, -1))?;

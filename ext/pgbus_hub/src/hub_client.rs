@@ -4,25 +4,27 @@
 
 use crate::errors::{panicked, unavailable};
 use crate::nogvl::{nogvl_cancellable, nogvl_resuming};
-use crate::options;
+use crate::options::{self, HubClientOptions};
 use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
+use magnus::gc::Marker;
 use magnus::scan_args::{get_kwargs, scan_args};
-use magnus::{
-    method, prelude::*, typed_data::Obj, Error, ExceptionClass, RHash, RModule, RString, Ruby,
-    Symbol, TryConvert, Value,
-};
+use magnus::typed_data::DataTypeFunctions;
+use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Symbol, Value};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
 use pgbus_hub_core::failover::RefusedNames;
 use pgbus_hub_core::hub::SOCKET_ENV;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-#[derive(Default)]
-#[magnus::wrap(class = "Pgbus::Hub::HubClient")]
+const CLASS: &str = "HubClient";
+
+#[derive(Default, magnus::TypedData)]
+#[magnus(class = "Pgbus::Hub::HubClient", mark)]
 pub struct RbHubClient {
+    options: OnceLock<HubClientOptions>,
     client: Mutex<Option<Arc<HubClient>>>,
     /// The client's log (a refused name is reported there).
     log: Mutex<Option<LogSink>>,
@@ -30,12 +32,17 @@ pub struct RbHubClient {
     outputs: Outputs,
 }
 
+impl DataTypeFunctions for RbHubClient {
+    fn mark(&self, marker: &Marker) {
+        self.outputs.mark(marker);
+    }
+}
+
 /// The error a failure raises: `unavailable_error:` (pgbus's own
 /// HubUnavailableError, the one its FailoverListener rescues), else ours.
-fn client_error(ruby: &Ruby, rb_self: Obj<RbHubClient>, error: ClientError) -> Error {
-    let given = options::option(ruby, rb_self, "unavailable_error").ok();
-    match given.and_then(ExceptionClass::from_value) {
-        Some(class) => Error::new(class, error.to_string()),
+fn client_error(ruby: &Ruby, rb_self: &RbHubClient, error: ClientError) -> Error {
+    match rb_self.outputs.targets().unavailable_error {
+        Some(class) => Error::new(ruby.get_inner(class), error.to_string()),
         None => unavailable(ruby, error.to_string()),
     }
 }
@@ -46,18 +53,26 @@ impl RbHubClient {
     }
 
     fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
-        options::initialize(ruby, rb_self, "HubClient", args)
+        let (cell, outputs) = (&rb_self.options, &rb_self.outputs);
+        options::initialize(ruby, CLASS, args, cell, outputs, HubClientOptions::parse)
     }
 
-    fn socket_path(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Value, Error> {
-        options::option(ruby, rb_self, "socket_path")
+    fn options(&self, ruby: &Ruby) -> Result<&HubClientOptions, Error> {
+        options::kept(ruby, &self.options, CLASS)
+    }
+
+    fn socket_path(ruby: &Ruby, rb_self: &Self) -> Result<String, Error> {
+        Ok(rb_self.options(ruby)?.socket_path.clone())
+    }
+
+    /// Seconds an `ensure_listening` waits for the hub's ack.
+    fn ack_timeout(ruby: &Ruby, rb_self: &Self) -> Result<f64, Error> {
+        Ok(rb_self.options(ruby)?.ack_timeout.as_secs_f64())
     }
 
     /// Raises HubUnavailableError "cannot reach master hub at PATH: ...".
     fn connect(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
-        let socket_path = RString::try_convert(options::option(ruby, rb_self, "socket_path")?)?;
-        let ack_timeout = f64::try_convert(options::option(ruby, rb_self, "ack_timeout")?)?;
-        Self::native_connect(ruby, rb_self, socket_path, ack_timeout)?;
+        Self::native_connect(ruby, &rb_self)?;
         threads::start(ruby, rb_self, "pgbus-hub client")?;
         Ok(rb_self)
     }
@@ -65,24 +80,18 @@ impl RbHubClient {
     /// Connects without the GVL (a hub whose listen backlog is full makes
     /// connect wait); Thread#kill / Thread#raise end the wait at once,
     /// leaving nothing open.
-    fn native_connect(
-        ruby: &Ruby,
-        rb_self: Obj<Self>,
-        socket_path: RString,
-        ack_timeout: f64,
-    ) -> Result<(), Error> {
+    fn native_connect(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         if rb_self.client().is_some_and(|c| !c.is_dead()) {
             let twice = ClientError::Unavailable("HubClient#connect called twice".into());
             return Err(client_error(ruby, rb_self, twice));
         }
-        let ack_timeout = Duration::try_from_secs_f64(ack_timeout)
-            .map_err(|_| crate::errors::arg_error(ruby, "ack_timeout must be a positive number"))?;
+        let options = rb_self.options(ruby)?;
         let ((client, reader), records) = loop {
             let (log, records) = LogSink::channel();
             *lock(&rb_self.log) = Some(log.clone());
             let config = ClientConfig {
-                socket_path: socket_path.to_string()?.into(),
-                ack_timeout,
+                socket_path: options.socket_path.clone().into(),
+                ack_timeout: options.ack_timeout,
                 log,
             };
             // Driven: the Ruby pump thread reads the socket itself (no reader thread).
@@ -116,7 +125,7 @@ impl RbHubClient {
     /// Raises HubUnavailableError (dead, died while waiting, ack timeout).
     fn ensure_listening(
         ruby: &Ruby,
-        rb_self: Obj<Self>,
+        rb_self: &Self,
         queue: Value,
     ) -> Result<Option<Symbol>, Error> {
         let queue = options::queue_name(queue)?;
@@ -238,6 +247,7 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     )?;
     class.define_method("initialize", method!(RbHubClient::initialize, -1))?;
     class.define_method("socket_path", method!(RbHubClient::socket_path, 0))?;
+    class.define_method("ack_timeout", method!(RbHubClient::ack_timeout, 0))?;
     class.define_method("connect", method!(RbHubClient::connect, 0))?;
     class.define_method(
         "ensure_listening",

@@ -1,7 +1,10 @@
-//! Ruby binding for pgbus-hub-core. Converts between Ruby and the core; no logic of its own.
+//! Ruby binding for pgbus-hub-core. Converts between Ruby and the core; no
+//! logic of its own (which listener a worker gets, ActiveRecord's keys and
+//! pgbus's scope check are Ruby glue in `lib/`).
 //!
-//! One file per Ruby class (each ends in an `init`); errors become Ruby
-//! exceptions in `errors` only; Ruby <-> JSON conversion lives in `json`.
+//! One file per Ruby class (each ends in an `init`); each class's keywords
+//! are checked and parsed once into its typed options (`options`); errors
+//! become Ruby exceptions in `errors` only; Ruby <-> JSON conversion lives in `json`.
 
 mod defaults;
 mod errors;

@@ -4,21 +4,31 @@
 
 use crate::errors::{hub_error, panicked};
 use crate::nogvl::nogvl_cancellable;
-use crate::options::{self, listener_config, required, seconds};
+use crate::options::{self, MasterHubOptions};
 use crate::pump::Outputs;
 use crate::threads::{self, NativeObject};
+use magnus::gc::Marker;
+use magnus::typed_data::DataTypeFunctions;
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
-use pgbus_hub_core::hub::{HubConfig, MasterHub};
+use pgbus_hub_core::hub::MasterHub;
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
-use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-#[derive(Default)]
-#[magnus::wrap(class = "Pgbus::Hub::MasterHub")]
+const CLASS: &str = "MasterHub";
+
+#[derive(Default, magnus::TypedData)]
+#[magnus(class = "Pgbus::Hub::MasterHub", mark)]
 pub struct RbMasterHub {
+    options: OnceLock<MasterHubOptions>,
     hub: Mutex<Option<MasterHub>>,
     outputs: Outputs,
+}
+
+impl DataTypeFunctions for RbMasterHub {
+    fn mark(&self, marker: &Marker) {
+        self.outputs.mark(marker);
+    }
 }
 
 impl RbMasterHub {
@@ -27,35 +37,32 @@ impl RbMasterHub {
     }
 
     fn initialize(ruby: &Ruby, rb_self: Obj<Self>, args: &[Value]) -> Result<(), Error> {
-        options::initialize(ruby, rb_self, "MasterHub", args)
+        let (cell, outputs) = (&rb_self.options, &rb_self.outputs);
+        options::initialize(ruby, CLASS, args, cell, outputs, MasterHubOptions::parse)
     }
 
-    fn socket_path(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Value, Error> {
-        options::option(ruby, rb_self, "socket_path")
+    fn options(&self, ruby: &Ruby) -> Result<&MasterHubOptions, Error> {
+        options::kept(ruby, &self.options, CLASS)
+    }
+
+    fn socket_path(ruby: &Ruby, rb_self: &Self) -> Result<String, Error> {
+        Ok(rb_self.options(ruby)?.socket_path.clone())
     }
 
     /// Binds the socket, starts the native thread and the log thread;
     /// raises Pgbus::Hub::Error with the reason.
     fn start(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
-        Self::native_start(ruby, &rb_self, options::of(rb_self)?)?;
+        Self::native_start(ruby, &rb_self)?;
         threads::start(ruby, rb_self, "pgbus-hub")?;
         Ok(rb_self)
     }
 
-    fn native_start(ruby: &Ruby, rb_self: &Self, options: RHash) -> Result<(), Error> {
+    fn native_start(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         if rb_self.hub().as_ref().is_some_and(MasterHub::is_running) {
             return Err(hub_error(ruby, "master hub is already running"));
         }
         let (log, records) = LogSink::channel();
-        let config = HubConfig {
-            listener: listener_config(ruby, options, log)?,
-            socket_path: PathBuf::from(required::<String>(ruby, options, "socket_path")?),
-            status_interval: seconds(ruby, options, "status_interval")?,
-            durable_queue_limit: required(ruby, options, "durable_queue_limit")?,
-            hard_queue_limit: required(ruby, options, "hard_queue_limit")?,
-            max_channels_per_connection: required(ruby, options, "max_channels_per_connection")?,
-            max_channels: required(ruby, options, "max_channels")?,
-        };
+        let config = rb_self.options(ruby)?.config(log);
         let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
         *rb_self.hub() = Some(hub);
         rb_self.outputs.open_logs(records);

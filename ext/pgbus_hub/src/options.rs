@@ -1,20 +1,36 @@
 //! Ruby option values -> core configuration: each constructor's keywords
-//! (resolved, checked, defaults filled from `Pgbus::Hub::DEFAULTS`), kept in
-//! the object's `@options`, and their conversion to the core's configs.
+//! (resolved, checked, defaults filled from `Pgbus::Hub::DEFAULTS`), parsed
+//! once, in `initialize`, into the typed struct its object keeps: settings
+//! as Rust values, the Ruby objects it hands output to in [`Targets`]
+//! (marked by the object, so the GC sees them).
 
 use crate::errors::arg_error;
-use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
+use crate::pump::Outputs;
+use magnus::gc::Marker;
+use magnus::value::Opaque;
+use magnus::{
+    prelude::*, r_hash::ForEach, Error, ExceptionClass, RHash, RString, Ruby, TryConvert, Value,
+};
 use pgbus_hub_core::conninfo::ConnectionOptions;
+use pgbus_hub_core::hub::HubConfig;
 use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-/// A required entry of the options Hash the glue built (Symbol keys).
-pub fn required<T: TryConvert>(ruby: &Ruby, options: RHash, key: &str) -> Result<T, Error> {
-    match options.get(ruby.to_symbol(key)) {
+/// One entry of a constructor's resolved keywords (Symbol keys; present:
+/// `resolve` refused a missing required one and filled the defaults).
+fn get<T: TryConvert>(ruby: &Ruby, resolved: RHash, key: &str) -> Result<T, Error> {
+    match resolved.get(ruby.to_symbol(key)) {
         Some(value) => T::try_convert(value),
         None => Err(arg_error(ruby, format!("missing option {key}"))),
     }
+}
+
+fn seconds(ruby: &Ruby, resolved: RHash, key: &str) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(get(ruby, resolved, key)?)
+        .map_err(|_| arg_error(ruby, format!("{key} must be a positive number of seconds")))
 }
 
 /// `connection:` as a libpq URL / keyword String, or a Hash of libpq keywords
@@ -49,68 +65,6 @@ pub fn connection(ruby: &Ruby, value: Value) -> Result<ConnectionOptions, Error>
         ));
     };
     parsed.map_err(|e| arg_error(ruby, format!("invalid connection: {e}")))
-}
-
-/// The libpq keywords an ActiveRecord configuration passes on to the hub,
-/// by their libpq names (docs/configuration.md, "Connection options"); adapter-only keys (pool,
-/// encoding, ...) are left out.
-const ACTIVE_RECORD_LIBPQ_KEYS: &[&str] = &[
-    "host",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "sslmode",
-    "connect_timeout",
-    "options",
-    "variables",
-];
-
-/// `Pgbus::Hub.active_record_connection(configuration_hash)`: the connection
-/// for an ActiveRecord database configuration: its `url`, else its libpq
-/// keywords (ActiveRecord's `database` and `username` as `dbname` and `user`).
-fn active_record_connection(ruby: &Ruby, config: RHash) -> Result<Value, Error> {
-    if let Some(url) = config
-        .get(ruby.to_symbol("url"))
-        .filter(|url| !url.is_nil())
-    {
-        return Ok(url);
-    }
-    let libpq = ruby.hash_new();
-    config.foreach(|key: Value, value: Value| {
-        let key: String = key.funcall("to_s", ())?;
-        let key = match key.as_str() {
-            "database" => "dbname",
-            "username" => "user",
-            key => key,
-        };
-        if ACTIVE_RECORD_LIBPQ_KEYS.contains(&key) && !value.is_nil() {
-            let value = match key {
-                "variables" => value,
-                _ => value.funcall::<_, _, RString>("to_s", ())?.as_value(),
-            };
-            libpq.aset(ruby.to_symbol(key), value)?;
-        }
-        Ok(ForEach::Continue)
-    })?;
-    Ok(libpq.as_value())
-}
-
-pub fn listener_config(ruby: &Ruby, options: RHash, log: LogSink) -> Result<ListenerConfig, Error> {
-    let health_check_ms: u64 = required(ruby, options, "health_check_ms")?;
-    Ok(ListenerConfig {
-        connection: connection(ruby, required(ruby, options, "connection")?)?,
-        health_check: Duration::from_millis(health_check_ms),
-        channel_prefix: required(ruby, options, "channel_prefix")?,
-        channel_suffix: required(ruby, options, "channel_suffix")?,
-        log,
-    })
-}
-
-pub fn seconds(ruby: &Ruby, options: RHash, key: &str) -> Result<Duration, Error> {
-    let seconds: f64 = required(ruby, options, key)?;
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|_| arg_error(ruby, format!("{key} must be a positive number of seconds")))
 }
 
 /// What a keyword accepts. Defaults of the tunable kinds are `Pgbus::Hub::DEFAULTS[key]`.
@@ -347,42 +301,16 @@ fn check_setting(ruby: &Ruby, key: magnus::Symbol, value: Value) -> Result<Value
     }
 }
 
-/// pgbus 0.13.1's hint after a refused `streams_listen_scope`.
-const PGBUS_SCOPE_HINT: &str =
-    "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)";
-
-/// `Pgbus::Hub.check_pgbus_listen_scope(scope, error_class)`: pgbus 0.13.1's
-/// `streams_listen_scope=` check, its exact messages raised as `error_class`
-/// (pgbus's ConfigurationError), for a pgbus without the setting.
-fn check_pgbus_listen_scope(
+/// A native class's `initialize(**options)`: its keywords checked (see
+/// `resolve`), parsed once into the typed options `cell` keeps (a second
+/// `initialize` is refused), and `outputs` aimed at the Ruby objects among them.
+pub fn initialize<T>(
     ruby: &Ruby,
-    scope: Value,
-    error_class: magnus::ExceptionClass,
-) -> Result<magnus::Symbol, Error> {
-    let Some(name) = scope_name(scope)? else {
-        let class = scope.class().inspect();
-        let message = format!("Invalid streams_listen_scope type: {class}. {PGBUS_SCOPE_HINT}");
-        return Err(Error::new(error_class, message));
-    };
-    let symbol = ruby.to_symbol(&name);
-    if matches!(&*name, "master" | "process") {
-        return Ok(symbol);
-    }
-    let message = format!(
-        "Invalid streams_listen_scope: {}. {PGBUS_SCOPE_HINT}",
-        symbol.inspect()
-    );
-    Err(Error::new(error_class, message))
-}
-
-/// A native class's `initialize(**options)`: the resolved options in
-/// `@options` (frozen; GC-visible, so the Ruby threads' objects stay alive),
-/// the creating pid in `@owner_pid` (`threads::stop` joins only there).
-pub fn initialize(
-    ruby: &Ruby,
-    object: impl magnus::Object,
-    owner: &str,
+    class: &str,
     args: &[Value],
+    cell: &OnceLock<T>,
+    outputs: &Outputs,
+    parse: impl FnOnce(&Ruby, RHash) -> Result<T, Error>,
 ) -> Result<(), Error> {
     let given = match args {
         [] => ruby.hash_new(),
@@ -390,22 +318,168 @@ pub fn initialize(
         _ => {
             return Err(arg_error(
                 ruby,
-                format!("{owner}.new takes keyword options only"),
+                format!("{class}.new takes keyword options only"),
             ))
         }
     };
-    object.ivar_set("@options", resolve(ruby, owner.to_string(), given)?)?;
-    object.ivar_set("@owner_pid", pgbus_hub_core::process::current_pid())
+    let resolved = resolve(ruby, class.to_string(), given)?;
+    cell.set(parse(ruby, resolved)?)
+        .map_err(|_| arg_error(ruby, format!("{class} is already initialized")))?;
+    outputs.aim(Targets::parse(ruby, resolved));
+    Ok(())
 }
 
-/// The options `initialize` resolved.
-pub fn of(object: impl magnus::Object) -> Result<RHash, Error> {
-    object.ivar_get("@options")
+/// What `initialize` parsed; an error for an object it never ran on
+/// (`allocate` without `new`).
+pub fn kept<'a, T>(ruby: &Ruby, cell: &'a OnceLock<T>, owner: &str) -> Result<&'a T, Error> {
+    cell.get()
+        .ok_or_else(|| arg_error(ruby, format!("{owner} was never initialized")))
 }
 
-/// One of the options `initialize` resolved.
-pub fn option(ruby: &Ruby, object: impl magnus::Object, key: &str) -> Result<Value, Error> {
-    of(object)?.aref(ruby.to_symbol(key))
+/// A listener's settings (MasterHub's, FailoverListener's, Listener's).
+pub struct ListenerOptions {
+    connection: ConnectionOptions,
+    health_check: Duration,
+    channel_prefix: String,
+    channel_suffix: String,
+}
+
+impl ListenerOptions {
+    fn parse(ruby: &Ruby, resolved: RHash) -> Result<Self, Error> {
+        let health_check_ms: u64 = get(ruby, resolved, "health_check_ms")?;
+        Ok(Self {
+            connection: connection(ruby, get(ruby, resolved, "connection")?)?,
+            health_check: Duration::from_millis(health_check_ms),
+            channel_prefix: get(ruby, resolved, "channel_prefix")?,
+            channel_suffix: get(ruby, resolved, "channel_suffix")?,
+        })
+    }
+
+    pub fn config(&self, log: LogSink) -> ListenerConfig {
+        ListenerConfig {
+            connection: self.connection.clone(),
+            health_check: self.health_check,
+            channel_prefix: self.channel_prefix.clone(),
+            channel_suffix: self.channel_suffix.clone(),
+            log,
+        }
+    }
+}
+
+pub struct MasterHubOptions {
+    listener: ListenerOptions,
+    pub socket_path: String,
+    status_interval: Duration,
+    durable_queue_limit: usize,
+    hard_queue_limit: usize,
+    max_channels_per_connection: usize,
+    max_channels: usize,
+}
+
+impl MasterHubOptions {
+    pub fn parse(ruby: &Ruby, resolved: RHash) -> Result<Self, Error> {
+        Ok(Self {
+            listener: ListenerOptions::parse(ruby, resolved)?,
+            socket_path: get(ruby, resolved, "socket_path")?,
+            status_interval: seconds(ruby, resolved, "status_interval")?,
+            durable_queue_limit: get(ruby, resolved, "durable_queue_limit")?,
+            hard_queue_limit: get(ruby, resolved, "hard_queue_limit")?,
+            max_channels_per_connection: get(ruby, resolved, "max_channels_per_connection")?,
+            max_channels: get(ruby, resolved, "max_channels")?,
+        })
+    }
+
+    pub fn config(&self, log: LogSink) -> HubConfig {
+        HubConfig {
+            listener: self.listener.config(log),
+            socket_path: PathBuf::from(&self.socket_path),
+            status_interval: self.status_interval,
+            durable_queue_limit: self.durable_queue_limit,
+            hard_queue_limit: self.hard_queue_limit,
+            max_channels_per_connection: self.max_channels_per_connection,
+            max_channels: self.max_channels,
+        }
+    }
+}
+
+pub struct HubClientOptions {
+    pub socket_path: String,
+    pub ack_timeout: Duration,
+}
+
+impl HubClientOptions {
+    pub fn parse(ruby: &Ruby, resolved: RHash) -> Result<Self, Error> {
+        Ok(Self {
+            socket_path: get(ruby, resolved, "socket_path")?,
+            ack_timeout: seconds(ruby, resolved, "ack_timeout")?,
+        })
+    }
+}
+
+/// FailoverListener's (a hub to try at `socket_path`) and Listener's (none).
+pub struct FailoverListenerOptions {
+    pub listener: ListenerOptions,
+    pub socket_path: Option<String>,
+}
+
+impl FailoverListenerOptions {
+    pub fn parse(ruby: &Ruby, resolved: RHash) -> Result<Self, Error> {
+        Ok(Self {
+            listener: ListenerOptions::parse(ruby, resolved)?,
+            socket_path: resolved.lookup(ruby.to_symbol("socket_path"))?,
+        })
+    }
+}
+
+/// The Ruby objects among an object's keywords: where its wakes, failure,
+/// listen confirmations and log records go, and the error class it raises.
+/// None where the keyword is nil (or false) or not one of the class's.
+#[derive(Default)]
+pub struct Targets {
+    pub dispatch_queue: Option<Opaque<Value>>,
+    pub logger: Option<Opaque<Value>>,
+    pub on_failure: Option<Opaque<Value>>,
+    pub on_listening: Option<Opaque<Value>>,
+    pub unavailable_error: Option<Opaque<ExceptionClass>>,
+}
+
+impl Targets {
+    pub fn parse(ruby: &Ruby, resolved: RHash) -> Self {
+        let object = |key: &str| {
+            resolved
+                .get(ruby.to_symbol(key))
+                .filter(|value| value.to_bool())
+                .map(Opaque::from)
+        };
+        Self {
+            dispatch_queue: object("dispatch_queue"),
+            logger: object("logger"),
+            on_failure: object("on_failure"),
+            on_listening: object("on_listening"),
+            unavailable_error: resolved
+                .get(ruby.to_symbol("unavailable_error"))
+                .and_then(ExceptionClass::from_value)
+                .map(Opaque::from),
+        }
+    }
+
+    /// Called from the owner's `DataTypeFunctions::mark`.
+    pub fn mark(&self, marker: &Marker) {
+        for value in [
+            self.dispatch_queue,
+            self.logger,
+            self.on_failure,
+            self.on_listening,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            marker.mark(value);
+        }
+        if let Some(class) = self.unavailable_error {
+            marker.mark(class);
+        }
+    }
 }
 
 /// A queue name as pgbus passes it (String or Symbol), as text.
@@ -417,13 +491,5 @@ pub fn init(hub: magnus::RModule) -> Result<(), Error> {
     hub.define_module_function("options", magnus::function!(resolve, 2))?;
     hub.define_module_function("check_option", magnus::function!(check_option, 3))?;
     hub.define_module_function("check_setting", magnus::function!(check_setting, 2))?;
-    hub.define_module_function(
-        "active_record_connection",
-        magnus::function!(active_record_connection, 1),
-    )?;
-    hub.define_module_function(
-        "check_pgbus_listen_scope",
-        magnus::function!(check_pgbus_listen_scope, 2),
-    )?;
     Ok(())
 }

@@ -3,17 +3,22 @@
 //! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
 //! interrupted by Thread#kill / stop through `WakeSource::interrupt`; back
 //! on the pump's Ruby thread it builds the wakes in the class pgbus expects
-//! and hands them, a failure and listen confirmations to the owner's options.
+//! and hands them, a failure and listen confirmations to the owner's
+//! [`Targets`] (its dispatch queue and callbacks).
 
 use crate::errors::panicked;
 use crate::logs::LogPump;
 use crate::nogvl::nogvl;
-use magnus::{kwargs, prelude::*, value::Lazy, Error, RArray, RClass, Ruby, Value};
+use crate::options::Targets;
+use magnus::gc::Marker;
+use magnus::value::{Lazy, Opaque};
+use magnus::{kwargs, prelude::*, Error, RArray, RClass, Ruby, Value};
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::Record;
+use pgbus_hub_core::process::Owner;
 use pgbus_hub_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Wakes handed to Ruby per batch: bounds how long one batch holds the GVL
@@ -32,11 +37,13 @@ static WAKE_MESSAGE: Lazy<RClass> = Lazy::new(|ruby| {
 });
 
 /// The class the running pgbus builds its wakes in, else ours, and whether
-/// it has a payload; looked up at `owner`'s first delivery and kept in its
-/// `@wake_class` (GC-visible) and `@wake_payload` (a batch is often one wake).
-fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<(RClass, bool), Error> {
-    if let Some(class) = owner.ivar_get::<_, Option<RClass>>("@wake_class")? {
-        return Ok((class, owner.ivar_get("@wake_payload")?));
+/// it has a payload: looked up at the first delivery, then kept (a batch is often one wake).
+fn wake_class(
+    ruby: &Ruby,
+    kept: &OnceLock<(Opaque<RClass>, bool)>,
+) -> Result<(RClass, bool), Error> {
+    if let Some((class, with_payload)) = kept.get() {
+        return Ok((ruby.get_inner(*class), *with_payload));
     }
     let class = match pgbus_wake_message(ruby)? {
         Some(class) => class,
@@ -44,8 +51,7 @@ fn wake_class(ruby: &Ruby, owner: impl magnus::Object) -> Result<(RClass, bool),
     };
     let members: RArray = class.funcall("members", ())?;
     let with_payload = members.includes(ruby.to_symbol("payload"));
-    owner.ivar_set("@wake_class", class)?;
-    owner.ivar_set("@wake_payload", with_payload)?;
+    let _ = kept.set((Opaque::from(class), with_payload));
     Ok((class, with_payload))
 }
 
@@ -101,7 +107,7 @@ impl Pump {
     /// ephemeral payload as a durable wake (its stream re-reads), with one
     /// warning. A StandardError raised by one of them is logged and the
     /// batch goes on. False once closed.
-    pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
+    fn deliver(&self, ruby: &Ruby, outputs: &Outputs) -> Result<bool, Error> {
         let batch = nogvl(
             || self.source.next_batch(BATCH, POLL),
             || self.source.interrupt(),
@@ -110,10 +116,12 @@ impl Pump {
         if batch.items.is_empty() && (batch.closed || self.closed.load(Ordering::SeqCst)) {
             return Ok(false);
         }
-        let options = crate::options::of(owner)?;
-        let option = |key: &str| options.aref::<_, Value>(ruby.to_symbol(key));
-        let (logger, queue) = (option("logger")?, option("dispatch_queue")?);
-        let (class, with_payload) = wake_class(ruby, owner)?;
+        let targets = outputs.targets();
+        let target = |target: Option<Opaque<Value>>| {
+            target.map_or(ruby.qnil().as_value(), |t| ruby.get_inner(t))
+        };
+        let (logger, queue) = (target(targets.logger), target(targets.dispatch_queue));
+        let (class, with_payload) = wake_class(ruby, &outputs.wake_class)?;
         for item in batch.items {
             let (what, delivered) = match item {
                 Delivery::Wake(wake) => {
@@ -137,12 +145,12 @@ impl Pump {
                     ("wake delivery", pushed)
                 }
                 Delivery::Failed { .. } if !self.failed.swap(true, Ordering::SeqCst) => {
-                    ("on_failure", call_option(option("on_failure")?, ()))
+                    ("on_failure", call_option(target(targets.on_failure), ()))
                 }
                 Delivery::Failed { .. } => continue,
                 Delivery::Listening { queue, ticket } => (
                     "on_listening",
-                    call_option(option("on_listening")?, (queue, ticket)),
+                    call_option(target(targets.on_listening), (queue, ticket)),
                 ),
             };
             if let Err(error) = delivered {
@@ -189,12 +197,25 @@ fn survive(ruby: &Ruby, logger: Value, what: &str, error: Error) -> Result<(), E
 
 /// The two streams a native object hands to its Ruby threads (`threads`):
 /// wakes for the pump thread (HubClient, FailoverListener) and log records
-/// for the log thread (all three).
+/// for the log thread (all three); where they go ([`Targets`]), and the
+/// process that made the object (the only one that joins its threads).
 #[derive(Default)]
 pub struct Outputs {
     pump: Mutex<Option<Arc<Pump>>>,
     logs: Mutex<Option<Arc<LogPump>>>,
+    targets: OnceLock<Targets>,
+    owner: OnceLock<Owner>,
+    wake_class: OnceLock<(Opaque<RClass>, bool)>,
 }
+
+/// An object `initialize` never ran on has nowhere to deliver.
+static NO_TARGETS: Targets = Targets {
+    dispatch_queue: None,
+    logger: None,
+    on_failure: None,
+    on_listening: None,
+    unavailable_error: None,
+};
 
 fn current<T>(slot: &Mutex<Option<Arc<T>>>) -> Option<Arc<T>> {
     lock(slot).clone()
@@ -205,6 +226,29 @@ fn replace<T>(slot: &Mutex<Option<Arc<T>>>, value: Option<Arc<T>>) -> Option<Arc
 }
 
 impl Outputs {
+    /// From `initialize`: where the outputs go; this process is the owner.
+    pub fn aim(&self, targets: Targets) {
+        let _ = self.owner.set(Owner::current());
+        let _ = self.targets.set(targets);
+    }
+
+    pub fn targets(&self) -> &Targets {
+        self.targets.get().unwrap_or(&NO_TARGETS)
+    }
+
+    /// True in the process whose `initialize` made the object (never in a forked child).
+    pub fn in_owner_process(&self) -> bool {
+        self.owner.get().is_some_and(|owner| owner.is_current())
+    }
+
+    /// Called from the owner's `DataTypeFunctions::mark`.
+    pub fn mark(&self, marker: &Marker) {
+        self.targets().mark(marker);
+        if let Some((class, _)) = self.wake_class.get() {
+            marker.mark(*class);
+        }
+    }
+
     pub fn open(&self, wakes: Arc<dyn WakeSource>, records: crossbeam_channel::Receiver<Record>) {
         replace(&self.pump, Some(Arc::new(Pump::new(wakes))));
         self.open_logs(records);
@@ -228,8 +272,8 @@ impl Outputs {
         }
     }
 
-    pub fn deliver(&self, ruby: &Ruby, owner: impl magnus::Object) -> Result<bool, Error> {
-        current(&self.pump).map_or(Ok(false), |pump| pump.deliver(ruby, owner))
+    pub fn deliver(&self, ruby: &Ruby) -> Result<bool, Error> {
+        current(&self.pump).map_or(Ok(false), |pump| pump.deliver(ruby, self))
     }
 
     pub fn drain_logs(&self, ruby: &Ruby, logger: Value) -> Result<bool, Error> {

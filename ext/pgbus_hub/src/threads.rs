@@ -7,10 +7,8 @@
 //! its argument). `stop` closes the native side, then joins them (bounded) in
 //! the creating process only: a forked child never touches its parent's threads.
 
-use crate::options;
 use crate::pump::Outputs;
 use magnus::{block::Proc, prelude::*, typed_data::Obj, Error, RArray, Ruby, Value};
-use pgbus_hub_core::process::current_pid;
 
 /// How long `stop` waits for each thread once its stream is closed: a
 /// delivery under way (a slow `<<` or logger) finishes, but a wedged one
@@ -31,14 +29,13 @@ pub trait NativeObject: magnus::TypedData {
 
 /// Called by the native start/connect once it succeeded.
 pub fn start<T: NativeObject>(ruby: &Ruby, owner: Obj<T>, name: &str) -> Result<(), Error> {
-    let options = options::of(owner)?;
-    let logger = options.get(ruby.to_symbol("logger"));
-    if let Some(logger) = logger.filter(|logger| logger.to_bool()) {
+    let targets = owner.outputs().targets();
+    if let Some(logger) = targets.logger.map(|logger| ruby.get_inner(logger)) {
         let body = ruby.proc_new(drain_logs::<T>);
         let thread = spawn(ruby, format!("{name} log"), (owner, logger), body)?;
         owner.ivar_set("@log_thread", thread)?;
     }
-    if options.get(ruby.to_symbol("dispatch_queue")).is_some() {
+    if targets.dispatch_queue.is_some() {
         let thread = spawn(
             ruby,
             format!("{name} pump"),
@@ -70,7 +67,7 @@ fn spawn(
 /// The pump thread's body (`Thread.new(owner)`).
 fn pump<T: NativeObject>(ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
     let owner = Obj::<T>::try_convert(args[0])?;
-    while owner.outputs().deliver(ruby, owner)? {}
+    while owner.outputs().deliver(ruby)? {}
     Ok(())
 }
 
@@ -105,8 +102,7 @@ pub fn stop<T: NativeObject>(ruby: &Ruby, rb_self: Obj<T>) -> Result<Obj<T>, Err
     // Closed whatever the native stop returned: the threads' next calls return false.
     rb_self.outputs().close();
     stopped?;
-    let owner_pid: Option<u32> = rb_self.ivar_get("@owner_pid")?;
-    if owner_pid == Some(current_pid()) {
+    if rb_self.outputs().in_owner_process() {
         let current = ruby.thread_current();
         for thread in alive(ruby, rb_self)? {
             if !thread.equal(current)? {

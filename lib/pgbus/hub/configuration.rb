@@ -18,6 +18,11 @@ module Pgbus
       end
     end
 
+    ACTIVE_RECORD_KEYS = { "database" => "dbname", "username" => "user" }.freeze
+    # The libpq keywords an ActiveRecord configuration passes on to the hub
+    # (docs/configuration.md, "Connection options").
+    ACTIVE_RECORD_LIBPQ_KEYS = %w[host port dbname user password sslmode connect_timeout options variables].freeze
+
     class << self
       def configuration = (@configuration ||= Configuration.new)
       def configure = configuration.tap { |config| yield config }
@@ -47,6 +52,38 @@ module Pgbus
         raise Error, "Pgbus::Hub.listener: call Pgbus::Hub.configure with a connection first" unless configured?
 
         worker_listener(master_options, dispatch_queue: dispatch_queue, logger: logger)
+      end
+
+      # A worker of the hub +options+ describe (master_options' shape) is served
+      # by the master's hub: the :master scope, and the master exported its socket.
+      def hub_served?(options) = options[:scope].to_s == "master" && !ENV[DEFAULT_SOCKET_ENV].to_s.empty?
+
+      # A started listener for a worker of the hub +options+ describe, with the
+      # +worker+ keywords (dispatch_queue:, logger:, on_listening:): a
+      # FailoverListener over the master's hub when it serves, else a Listener of its own.
+      def worker_listener(options, **worker)
+        keywords = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix).merge(worker)
+        listener = if hub_served?(options)
+                     FailoverListener.new(socket_path: ENV.fetch(DEFAULT_SOCKET_ENV), **keywords)
+                   else
+                     Listener.new(**keywords)
+                   end
+        listener.start
+      end
+
+      # The connection for an ActiveRecord database configuration: its url, else
+      # its libpq keywords by their libpq names (database and username as dbname
+      # and user); adapter-only keys (pool, encoding, ...) are left out.
+      def active_record_connection(config)
+        url = config[:url] || config["url"]
+        return url if url
+
+        config.each_with_object({}) do |(key, value), libpq|
+          key = ACTIVE_RECORD_KEYS.fetch(key.to_s, key.to_s)
+          next if value.nil? || !ACTIVE_RECORD_LIBPQ_KEYS.include?(key)
+
+          libpq[key.to_sym] = key == "variables" ? value : value.to_s
+        end
       end
     end
   end

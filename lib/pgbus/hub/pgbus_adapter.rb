@@ -80,12 +80,20 @@ module Pgbus
         end
       end
 
-      # pgbus <= 0.13.0: the setting, with 0.13.1's exact validation.
+      # pgbus <= 0.13.0: the setting, with 0.13.1's exact validation and messages.
       module ListenScope
+        HINT = "Must be :master (one shared LISTEN connection per web host) or :process (one per worker)"
+
         def streams_listen_scope = @streams_listen_scope || :master
 
         def streams_listen_scope=(scope)
-          @streams_listen_scope = Hub.check_pgbus_listen_scope(scope, ::Pgbus::ConfigurationError)
+          unless scope.is_a?(::Symbol) || scope.is_a?(::String)
+            raise ::Pgbus::ConfigurationError, "Invalid streams_listen_scope type: #{scope.class}. #{HINT}"
+          end
+          raise ::Pgbus::ConfigurationError, "Invalid streams_listen_scope: #{scope.to_sym.inspect}. #{HINT}" unless
+            %i[master process].include?(scope.to_sym)
+
+          @streams_listen_scope = scope.to_sym
         end
       end
 

@@ -45,7 +45,7 @@ Pgbus::Web::Streamer.on_wake = ->(m) { got << m }
 instance = Pgbus::Web::Streamer.current
 report[:hub_listener] = instance.listener.class.name
 # pgbus 0.13.1+'s FailoverListener holds our HubClient (older pgbus gets our native FailoverListener)
-report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client)&.instance_variable_get(:@options)&.fetch(:ack_timeout)
+report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client)&.ack_timeout
 report[:subscribe] = instance.subscribe("probe")
 report[:ephemeral] = deliver.call("eph")
 report[:hub_workers] = hub.stats[:workers]
