@@ -48,6 +48,10 @@ use crate::owned_thread::OwnedThread;
 use crate::process::Owner;
 use crate::protocol::{key_channel, Wake};
 use crate::sync::lock;
+
+mod async_listens;
+mod fail_back;
+use async_listens::run_async_listens;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -114,13 +118,6 @@ struct State {
     /// Set by a fail-over (whatever it came to), cleared by a fail-back.
     failed_over: bool,
     stopped: bool,
-}
-
-/// What one fail-back attempt came to.
-enum FailBackAttempt {
-    Done,
-    NotYet,
-    Stopped,
 }
 
 /// What the `listen_async` thread is asked, in order.
@@ -389,68 +386,6 @@ impl FailoverListener {
     }
 }
 
-/// The `listen_async` thread: commands in order; a LISTEN not confirmed is
-/// asked again after [`LISTEN_RETRY`] while still subscribed (logged once
-/// per queue). Ends at `stop`, or once the listener is gone.
-fn run_async_listens(shared: &Weak<Shared>, commands: &Receiver<Command>, stop: &Receiver<()>) {
-    let mut retries: VecDeque<(Instant, String, u64)> = VecDeque::new();
-    let mut retrying: HashSet<String> = HashSet::new();
-    loop {
-        let wait = retries.front().map_or(Duration::MAX, |(at, ..)| {
-            at.saturating_duration_since(Instant::now())
-        });
-        let (command, retry) = crossbeam_channel::select! {
-            recv(stop) -> _ => return,
-            recv(commands) -> command => match command {
-                Ok(command) => (command, false),
-                Err(_) => return,
-            },
-            default(wait) => match retries.pop_front() {
-                Some((_, queue, ticket)) => (Command::Listen(queue, ticket), true),
-                None => continue,
-            },
-        };
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        let listener = FailoverListener { shared };
-        let (queue, ticket) = match command {
-            Command::Unlisten(queue) => {
-                listener.remove_listening(&queue);
-                continue;
-            }
-            Command::Listen(queue, _) if retry && !listener.subscribed(&queue) => {
-                retrying.remove(&queue); // unsubscribed since
-                continue;
-            }
-            Command::Listen(queue, ticket) => (queue, ticket),
-        };
-        match listener.ensure_listening_or_cancel(&queue, stop) {
-            Listened::Done => {
-                retrying.remove(&queue);
-                let _ = listener
-                    .shared
-                    .local_wakes
-                    .send(Delivery::Listening { queue, ticket });
-                if let Some(reader) = lock(&listener.shared.hub_reader).clone() {
-                    reader.interrupt(); // the pump waits on the hub's socket
-                }
-            }
-            Listened::NotConfirmed if lock(&listener.shared.state).stopped => return,
-            Listened::NotConfirmed => {
-                if retrying.insert(queue.clone()) {
-                    listener.shared.log.warn(format!(
-                        "[pgbus-hub] LISTEN {queue:?} not confirmed: asking again every {}s while subscribed",
-                        LISTEN_RETRY.as_secs_f64()
-                    ));
-                }
-                retries.push_back((Instant::now() + LISTEN_RETRY, queue, ticket));
-            }
-            Listened::Refused(_) => {} // logged by ensure_listening
-        }
-    }
-}
-
 impl Shared {
     fn listen_on(&self, serving: &Serving, queue: &str, cancel: &Receiver<()>) -> Listened {
         let Serving::Local(local) = serving else {
@@ -571,132 +506,6 @@ impl Shared {
                 .send(Delivery::Wake(Wake::durable(queue.as_str())));
         }
         queues.len()
-    }
-
-    /// Starts the thread that probes for the hub while the local listener
-    /// serves (none without a hub, in a forked child, or after `stop`).
-    fn start_fail_back(self: &Arc<Self>) {
-        if self.hub.is_none() || !self.owner.is_current() {
-            return;
-        }
-        let mut fail_back = lock(&self.fail_back);
-        if lock(&self.state).stopped || fail_back.as_ref().is_some_and(OwnedThread::is_running) {
-            return;
-        }
-        // Weak: a listener dropped without `stop` ends the thread too.
-        let shared = Arc::downgrade(self);
-        let spawned = OwnedThread::spawn_with_stop_channel("pgbus-hub back", move |stopped| {
-            run_fail_back(&shared, stopped)
-        });
-        match spawned {
-            Ok(thread) => *fail_back = Some(thread),
-            Err(error) => self.log.warn(format!(
-                "[pgbus-hub] cannot start the fail-back thread ({error}): this worker keeps its own connection"
-            )),
-        }
-    }
-
-    /// One fail-back attempt (see the module doc): Done once the hub serves
-    /// every subscription and the local listener is closed.
-    fn try_fail_back(&self, stop: &Receiver<()>) -> FailBackAttempt {
-        let Some(config) = self.hub.clone() else {
-            return FailBackAttempt::Done;
-        };
-        if !config.socket_path.exists() {
-            return FailBackAttempt::NotYet; // the common case while it is down: no connect
-        }
-        let socket_path = config.socket_path.clone();
-        let (client, reader) = match HubClient::connect_driven_or_cancel(config, stop) {
-            Ok(connected) => connected,
-            Err(ClientError::Interrupted) => return FailBackAttempt::Stopped,
-            Err(_) => return FailBackAttempt::NotYet,
-        };
-        let client = Arc::new(client);
-        let mut reader = Some(Arc::new(reader));
-        let _one = lock(&self.failing_over);
-        let mut subscribed: HashSet<String> = HashSet::new();
-        loop {
-            let pending: Vec<String> = {
-                let mut state = lock(&self.state);
-                if state.stopped {
-                    drop(state);
-                    client.stop();
-                    return FailBackAttempt::Stopped;
-                }
-                let pending: Vec<String> = state
-                    .subscriptions
-                    .difference(&subscribed)
-                    .cloned()
-                    .collect();
-                if pending.is_empty() {
-                    let previous =
-                        std::mem::replace(&mut state.serving, Serving::Hub(Arc::clone(&client)));
-                    state.failed_over = false;
-                    // Removed while we subscribed: not the hub's to serve.
-                    let removed: Vec<String> = subscribed
-                        .difference(&state.subscriptions)
-                        .cloned()
-                        .collect();
-                    *lock(&self.hub_reader) = reader.take();
-                    drop(state);
-                    for queue in &removed {
-                        client.remove_listening(queue);
-                        subscribed.remove(queue);
-                    }
-                    if let Serving::Local(local) = previous {
-                        local.stop();
-                    }
-                    let woken = self.wake_all(&subscribed);
-                    self.log.info(format!(
-                        "[pgbus-hub] back on the master hub at {} ({} subscription(s) acked by it, \
-                         {woken} queue(s) woken to re-read what was committed meanwhile); \
-                         the per-worker connection is closed",
-                        socket_path.display(),
-                        subscribed.len(),
-                    ));
-                    return FailBackAttempt::Done;
-                }
-                pending
-            };
-            for queue in pending {
-                match client.ensure_listening_or_cancel(&queue, stop) {
-                    Ok(Listening::Active) => {
-                        subscribed.insert(queue);
-                    }
-                    Ok(Listening::Interrupted) | Err(ClientError::Interrupted) => {
-                        client.stop();
-                        return FailBackAttempt::Stopped;
-                    }
-                    outcome => {
-                        self.log.info(format!(
-                            "[pgbus-hub] the master hub at {} answers again but not for {queue:?} \
-                             ({outcome:?}): staying on the per-worker listener, trying again later",
-                            socket_path.display()
-                        ));
-                        client.stop();
-                        return FailBackAttempt::NotYet;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The fail-back thread: an attempt every [`FAIL_BACK_FIRST`], doubling to
-/// [`FAIL_BACK_MAX`], until one succeeds; ends at `stop` or once the listener is gone.
-fn run_fail_back(shared: &Weak<Shared>, stop: &Receiver<()>) {
-    let mut delay = FAIL_BACK_FIRST;
-    loop {
-        if stop.recv_timeout(delay) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
-            return; // `stop` dropped its sender
-        }
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match shared.try_fail_back(stop) {
-            FailBackAttempt::NotYet => delay = (delay * 2).min(FAIL_BACK_MAX),
-            FailBackAttempt::Done | FailBackAttempt::Stopped => return,
-        }
     }
 }
 

@@ -8,17 +8,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{
-    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
-};
-use rustls::{
-    CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
-    SupportedProtocolVersion,
-};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use rustls::{RootCertStore, SupportedProtocolVersion};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -27,6 +21,9 @@ use tokio_postgres::config::{Host, SslNegotiation};
 use tokio_postgres::Config;
 
 use super::{config_error, ConfigError};
+
+mod verifier;
+use verifier::PgVerifier;
 
 /// libpq's default file names, under `~/.postgresql/`.
 const DEFAULT_ROOT_CERT: &str = ".postgresql/root.crt";
@@ -557,98 +554,5 @@ impl TlsKeywords {
     }
 }
 
-/// One verifier for every mode: no chain check (encrypt only, libpq's
-/// require/prefer/allow without a root certificate), chain only (verify-ca,
-/// and those modes with one), chain and name (verify-full). The handshake
-/// signature is always checked against the presented key, so the session is
-/// bound to that certificate even when the chain is not checked.
-#[derive(Debug)]
-struct PgVerifier {
-    chain: Option<Arc<WebPkiServerVerifier>>,
-    check_name: bool,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PgVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some(chain) = &self.chain else {
-            return Ok(ServerCertVerified::assertion());
-        };
-        // webpki checks the chain (and CRLs) before the name, so a name
-        // error means the chain itself was good.
-        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn protocol_versions_follow_libpq_names_and_default_to_tls12_and_up() {
-        let names = |min, max| {
-            protocol_versions(min, max).map(|versions| {
-                versions
-                    .iter()
-                    .map(|v| format!("{:?}", v.version))
-                    .collect::<Vec<_>>()
-            })
-        };
-        assert_eq!(names(None, None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
-        assert_eq!(names(Some("tlsv1"), None).unwrap(), ["TLSv1_2", "TLSv1_3"]);
-        assert_eq!(names(Some("TLSv1.3"), None).unwrap(), ["TLSv1_3"]);
-        assert_eq!(names(None, Some("TLSv1.2")).unwrap(), ["TLSv1_2"]);
-        let error = |min, max| protocol_versions(min, max).unwrap_err().to_string();
-        assert!(error(None, Some("TLSv1.1")).contains("invalid SSL protocol version range"));
-        assert!(
-            error(Some("TLSv1"), Some("TLSv1.1")).contains("rustls speaks TLS 1.2 and 1.3 only")
-        );
-        assert!(error(Some("SSLv3"), None).contains("invalid ssl_min_protocol_version"));
-    }
-}
+mod tests;

@@ -1,0 +1,217 @@
+//! The client's shared state at work: connecting, the failure model (kill,
+//! close), writing frames and acting on the frames the hub sends.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn connect(
+        config: ClientConfig,
+        deliveries: DeliverySender,
+        cancel: &Receiver<()>,
+    ) -> Result<Arc<Self>, ClientError> {
+        let ClientConfig {
+            socket_path,
+            ack_timeout,
+            log,
+        } = config;
+        let unreachable = |why: String| unreachable_at(&socket_path, why);
+        crate::transport::check_socket_path(&socket_path).map_err(unreachable)?;
+        let socket = ClientSocket::connect(&socket_path, cancel).map_err(|e| match e {
+            ConnectError::Cancelled => ClientError::Interrupted,
+            ConnectError::Failed(e) => unreachable(e.to_string()),
+        })?;
+        let raw_fd = socket.raw_fd();
+        Ok(Arc::new(Inner {
+            socket_path,
+            ack_timeout,
+            log,
+            deliveries,
+            socket: RwLock::new(Some(socket)),
+            raw_fd,
+            fd_open: AtomicBool::new(true),
+            write_lock: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            dead: AtomicBool::new(false),
+            reading: Mutex::default(),
+            healthy: AtomicBool::new(true),
+            outage_logged: AtomicBool::new(false),
+        }))
+    }
+
+    pub(super) fn unreachable(&self, why: String) -> ClientError {
+        unreachable_at(&self.socket_path, why)
+    }
+
+    /// The error for a call on a dead client.
+    pub(super) fn unavailable_now(&self) -> ClientError {
+        let reason = lock(&self.state)
+            .dead_reason
+            .clone()
+            .unwrap_or_else(|| "unknown reason".into());
+        unavailable(format!("master hub is unavailable: {reason}"))
+    }
+
+    /// Removes waiter `id`; false if it was already answered.
+    pub(super) fn discard_waiter(&self, queue: &str, id: u64) -> bool {
+        lock(&self.state).waiters.discard(queue, id)
+    }
+
+    /// The transport died: idempotent, one `Delivery::Failed`.
+    pub(super) fn mark_dead(&self, reason: String) {
+        self.kill(reason, Outcome::Died, true);
+    }
+
+    /// First caller wins: records the reason, releases every waiter, shuts
+    /// the socket down; with `report`, logs and sends `Delivery::Failed`.
+    pub(super) fn kill(&self, reason: String, outcome: Outcome, report: bool) {
+        {
+            let mut state = lock(&self.state);
+            if state.dead_reason.is_some() {
+                return;
+            }
+            state.dead_reason = Some(reason.clone());
+            self.dead.store(true, Ordering::Release);
+            self.healthy.store(false, Ordering::Release);
+            // Under the lock: a waiter that times out concurrently either
+            // finds itself still pending or finds its outcome already sent.
+            state.waiters.answer_all(&outcome);
+            if report {
+                // Under the lock too: wakes are sent under it, so Failed is
+                // the last delivery this client ever makes.
+                self.deliveries.send(Delivery::Failed {
+                    reason: reason.clone(),
+                });
+            }
+        }
+        if let Some(socket) = read(&self.socket).as_ref() {
+            socket.shutdown();
+        }
+        if report {
+            self.log.warn(format!(
+                "{LOG_PREFIX} {reason} — falling back to a per-worker listener"
+            ));
+        }
+    }
+
+    /// Closes the socket once nobody uses it. Users hold it only for a
+    /// bounded time after shutdown(2); if one still does at `deadline`, or
+    /// `cancel` receives first, the socket closes when the client drops.
+    pub(super) fn close(&self, deadline: Instant, cancel: &Receiver<()>) {
+        loop {
+            let mut socket = match self.socket.try_write() {
+                Ok(socket) => socket,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let pause = left.min(Duration::from_millis(1));
+                    if left.is_zero() || cancel.recv_timeout(pause).is_ok() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            self.fd_open.store(false, Ordering::Release);
+            drop(socket.take());
+            return;
+        }
+    }
+
+    /// Writes a whole frame within `ack_timeout`, or until `cancel` receives.
+    pub(super) fn write_frame(&self, frame: &[u8], cancel: &Receiver<()>) -> Result<(), Unwritten> {
+        let deadline = Instant::now().checked_add(self.ack_timeout);
+        let _serial = lock(&self.write_lock);
+        let socket = read(&self.socket);
+        let Some(socket) = socket.as_ref() else {
+            return Err(Unwritten::Dead(STOPPED.into()));
+        };
+        socket
+            .write_frame(frame, deadline, cancel)
+            .map_err(|e| match e {
+                WriteError::Cancelled { partial: false } => Unwritten::Cancelled,
+                WriteError::Cancelled { partial: true } => Unwritten::CancelledMidFrame(
+                    "a write to the master hub was interrupted part-way through a frame \
+                     (the stream's framing is lost)"
+                        .into(),
+                ),
+                WriteError::Stalled => Unwritten::Dead(format!(
+                    "write to master hub stalled for {}s",
+                    seconds(self.ack_timeout)
+                )),
+                WriteError::Failed(error) => {
+                    Unwritten::Dead(format!("write to master hub failed: {error}"))
+                }
+            })
+    }
+
+    /// What one frame from the hub does to the client.
+    pub(super) fn handle_frame(&self, message: Message) {
+        match message {
+            Message::Wake(wake) => {
+                let state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    self.deliveries.send(Delivery::Wake(wake));
+                }
+            }
+            Message::Ack(queue) => {
+                // After `healthy: false` the hub acks a sub it will LISTEN on
+                // reconnect (frames arrive in the order sent).
+                let outcome = if self.healthy.load(Ordering::Acquire) {
+                    Outcome::Acked
+                } else {
+                    Outcome::HubUnhealthy
+                };
+                self.answer_oldest(&queue, "ack", outcome);
+            }
+            Message::Status { healthy } => {
+                let mut state = lock(&self.state);
+                if state.dead_reason.is_none() {
+                    let was = self.healthy.swap(healthy, Ordering::AcqRel);
+                    if was && !healthy {
+                        // Nobody waits out ack_timeout for a LISTEN that needs a reconnect first.
+                        state.waiters.answer_all(&Outcome::HubUnhealthy);
+                    }
+                    if healthy && !was && self.outage_logged.swap(false, Ordering::AcqRel) {
+                        drop(state);
+                        self.log.info(format!(
+                            "{LOG_PREFIX} the master hub's database connection is back"
+                        ));
+                    }
+                }
+            }
+            Message::Nack { queue, reason } => {
+                self.answer_oldest(&queue, "nack", Outcome::Rejected(reason))
+            }
+            Message::Sub(_) | Message::Unsub(_) | Message::Stats(_) | Message::Unknown(_) => {
+                self.log.warn(format!(
+                    "{LOG_PREFIX} hub sent unknown frame {}; ignored",
+                    describe_kind(&message)
+                ));
+            }
+        }
+    }
+
+    /// The hub's answer to the oldest sub for `queue`: an ack, or (our
+    /// extension) `{"t":"nack","q":Q,"reason":R}`, which fails that waiter
+    /// only; the client stays alive.
+    pub(super) fn answer_oldest(&self, queue: &str, kind: &str, outcome: Outcome) {
+        if !lock(&self.state).waiters.answer_oldest(queue, outcome) {
+            self.log.debug(format!(
+                "{LOG_PREFIX} {kind} for {queue:?} with no waiter; ignored"
+            ));
+        }
+    }
+}
+
+/// The "t" of an unexpected frame, for the log line.
+fn describe_kind(message: &Message) -> String {
+    match message {
+        Message::Sub(_) => "\"sub\"".into(),
+        Message::Unsub(_) => "\"unsub\"".into(),
+        Message::Stats(_) => "\"stats\"".into(),
+        Message::Unknown(object) => match object.get("t") {
+            Some(kind) => kind.to_string(),
+            None => "without \"t\"".into(),
+        },
+        _ => "?".into(),
+    }
+}
