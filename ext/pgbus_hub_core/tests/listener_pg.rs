@@ -1,9 +1,9 @@
 //! The LISTEN engine against a real PostgreSQL (no mocks).
 //!
 //! Database: `PGBUS_HUB_TEST_DATABASE_URL`, else `DATABASE_URL`, else
-//! `host=/var/run/postgresql dbname=pgbus_hub_test`. If the default answers
-//! nothing, each test prints "skipping: no PostgreSQL" and passes; a
-//! configured database that does not answer fails them.
+//! `host=/var/run/postgresql dbname=pgbus_hub_test`. A server that does not
+//! answer fails each test, unless `PGBUS_HUB_SKIP_PG_TESTS=1` lets the default
+//! one be missing (then each test says why it skips).
 //!
 //! Tests run in parallel (and alongside other suites on the same server), so
 //! every test uses its own channel names (a per-test tag) and identifies the
