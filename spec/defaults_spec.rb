@@ -42,8 +42,6 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
     expect { Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [], ack_timeout: 0 }) }
       .to raise_error(ArgumentError, "HubClient: ack_timeout must be a positive number, got 0")
     expect(Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [], ack_timeout: 3 })[:ack_timeout]).to eq(3.0)
-    expect { Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [], unavailable_error: String }) }
-      .to raise_error(ArgumentError, "HubClient: unavailable_error must be an exception class, got String")
     expect { Pgbus::Hub.configure { |c| c.durable_queue_limit = 0 } }
       .to raise_error(ArgumentError, "Pgbus::Hub.configure: durable_queue_limit must be a positive Integer, got 0")
     expect { Pgbus::Hub.check_option("Pgbus::Hub.configure", :nope, 1) }.to raise_error(ArgumentError, /unknown option :nope/)

@@ -7,8 +7,8 @@ require_relative "support/database"
 # The pgbus glue against both stand-in shapes (each in its own child process,
 # zeitwerk-lazy and eager-loaded, pgbus-hub required before and after pgbus):
 # the config attribute and its exact errors, Instance
-# wiring (hub -> our native HubClient + FailoverListener with pgbus's ack
-# formula and WakeMessage class; no socket -> pgbus's own Listener), failover,
+# wiring (hub -> our FailoverListener, under pgbus 0.13.1+'s own, with pgbus's
+# WakeMessage class; no socket -> pgbus's own Listener), failover and fail-back,
 # and pgbus's #382 MasterHub backed by the native hub.
 RSpec.describe "pgbus integration" do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
@@ -36,13 +36,17 @@ RSpec.describe "pgbus integration" do
                                  "Invalid streams_listen_scope: :bogus. #{HINT}"])
       expect(r["string_scope"]).to eq("process")
       expect(r["no_socket_listener"]).to eq("Pgbus::Web::Streamer::Listener")
-      # pre-hub pgbus gets our FailoverListener; 0.13.1+ keeps its own, over our native HubClient
+      # pre-hub pgbus gets our FailoverListener; 0.13.1+ keeps its own, over ours (as its hub client)
       expect(r["hub_listener"]).to eq(shape == "pre382" ? "Pgbus::Hub::FailoverListener" : "Pgbus::Web::Streamer::FailoverListener")
-      expect(r["ack_timeout"]).to eq(2.25) if shape == "v382" # health_check_ms 250 / 1000 + 2.0
+      expect(r["our_listener"]).to eq("Pgbus::Hub::FailoverListener")
       expect(r["subscribe"]).to eq("done")
       expect(r["hub_workers"]).to eq(1)
       expect(r["failed_over"]).to be(true)
+      expect(r["pgbus_failed_over"]).to be(false) # ours failed over; pgbus's, which never comes back, did not
       expect(r["socket_left"]).to be(false)
+      expect(r["back_on_hub"]).to be(true) # the hub started again at the same socket
+      expect(r["durable_after_fail_back"]).to include("queue_name" => "pgbus_probe")
+      expect(r["hub_workers_after_fail_back"]).to eq(1)
       if shape == "pre382"
         expect(r["ephemeral"]).to eq({ "queue_name" => "pgbus_probe" }) # old WakeMessage: durable wake
         expect(r["durable_after_failover"]).to eq({ "queue_name" => "pgbus_probe" })

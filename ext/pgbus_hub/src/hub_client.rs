@@ -1,5 +1,5 @@
-//! `Pgbus::Hub::HubClient`: a worker's connection to the master hub (the
-//! transport pgbus 0.13.1+'s own FailoverListener drives). Its pump and log
+//! `Pgbus::Hub::HubClient`: a worker's connection to the master hub, the
+//! transport alone (no connection of its own to fall back on). Its pump and log
 //! threads (started, listed and joined by `stop`) are in `threads`.
 
 use crate::errors::{panicked, unavailable};
@@ -35,15 +35,6 @@ pub struct RbHubClient {
 impl DataTypeFunctions for RbHubClient {
     fn mark(&self, marker: &Marker) {
         self.outputs.mark(marker);
-    }
-}
-
-/// The error a failure raises: `unavailable_error:` (pgbus's own
-/// HubUnavailableError, the one its FailoverListener rescues), else ours.
-fn client_error(ruby: &Ruby, rb_self: &RbHubClient, error: ClientError) -> Error {
-    match rb_self.outputs.targets().unavailable_error {
-        Some(class) => Error::new(ruby.get_inner(class), error.to_string()),
-        None => unavailable(ruby, error.to_string()),
     }
 }
 
@@ -83,7 +74,7 @@ impl RbHubClient {
     fn native_connect(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         if rb_self.client().is_some_and(|c| !c.is_dead()) {
             let twice = ClientError::Unavailable("HubClient#connect called twice".into());
-            return Err(client_error(ruby, rb_self, twice));
+            return Err(unavailable(ruby, twice.to_string()));
         }
         let options = rb_self.options(ruby)?;
         let ((client, reader), records) = loop {
@@ -108,7 +99,7 @@ impl RbHubClient {
                 }
                 connected => {
                     break (
-                        connected.map_err(|e| client_error(ruby, rb_self, e))?,
+                        connected.map_err(|e| unavailable(ruby, e.to_string()))?,
                         records,
                     )
                 }
@@ -132,7 +123,7 @@ impl RbHubClient {
         let not_connected = || ClientError::Unavailable("HubClient is not connected".into());
         let client = rb_self
             .client()
-            .ok_or_else(|| client_error(ruby, rb_self, not_connected()))?;
+            .ok_or_else(|| unavailable(ruby, not_connected().to_string()))?;
         // Thread#kill / Thread#raise end the wait at once (the sub stays registered).
         let listening = nogvl_resuming(
             ruby,
@@ -152,7 +143,7 @@ impl RbHubClient {
         }
         let listening = listening
             .value
-            .map_err(|e| client_error(ruby, rb_self, e))?;
+            .map_err(|e| unavailable(ruby, e.to_string()))?;
         Ok(match listening {
             Listening::Active => Some(ruby.to_symbol("done")),
             Listening::AfterReconnect | Listening::Interrupted => None,

@@ -8,9 +8,7 @@ use crate::errors::arg_error;
 use crate::pump::Outputs;
 use magnus::gc::Marker;
 use magnus::value::Opaque;
-use magnus::{
-    prelude::*, r_hash::ForEach, Error, ExceptionClass, RHash, RString, Ruby, TryConvert, Value,
-};
+use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::HubConfig;
 use pgbus_hub_core::listener::ListenerConfig;
@@ -84,11 +82,9 @@ enum Kind {
     Seconds,
     /// String.
     Text,
-    /// An exception class (default nil).
-    ErrorClass,
 }
 
-use Kind::{Count, ErrorClass, Object, Queue, Required, RequiredText, Seconds, Text};
+use Kind::{Count, Object, Queue, Required, RequiredText, Seconds, Text};
 
 const MASTER_HUB: &[(&str, Kind)] = &[
     ("connection", Required),
@@ -125,14 +121,13 @@ fn schema(owner: &str) -> Option<Vec<(&'static str, Kind)>> {
             ("on_failure", Object),
             ("logger", Object),
             ("ack_timeout", Seconds),
-            ("unavailable_error", ErrorClass),
         ],
         "Listener" => LISTENER.to_vec(),
         "FailoverListener" => [LISTENER, &[("socket_path", RequiredText)]].concat(),
         CONFIGURE => MASTER_HUB
             .iter()
             .filter_map(|&(key, kind)| match kind {
-                Required | Object | ErrorClass => None,
+                Required | Object => None,
                 RequiredText => Some((key, Text)),
                 kind => Some((key, kind)),
             })
@@ -163,10 +158,6 @@ fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Resul
     };
     match kind {
         Required | Object => Ok(value),
-        ErrorClass if value.is_nil() || magnus::ExceptionClass::from_value(value).is_some() => {
-            Ok(value)
-        }
-        ErrorClass => Err(refused("an exception class")),
         Queue if value.respond_to("<<", false)? => Ok(value),
         Queue => Err(arg_error(
             ruby,
@@ -440,7 +431,6 @@ pub struct Targets {
     pub logger: Option<Opaque<Value>>,
     pub on_failure: Option<Opaque<Value>>,
     pub on_listening: Option<Opaque<Value>>,
-    pub unavailable_error: Option<Opaque<ExceptionClass>>,
 }
 
 impl Targets {
@@ -456,10 +446,6 @@ impl Targets {
             logger: object("logger"),
             on_failure: object("on_failure"),
             on_listening: object("on_listening"),
-            unavailable_error: resolved
-                .get(ruby.to_symbol("unavailable_error"))
-                .and_then(ExceptionClass::from_value)
-                .map(Opaque::from),
         }
     }
 
@@ -475,9 +461,6 @@ impl Targets {
         .flatten()
         {
             marker.mark(value);
-        }
-        if let Some(class) = self.unavailable_error {
-            marker.mark(class);
         }
     }
 }

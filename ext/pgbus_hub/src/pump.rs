@@ -214,7 +214,6 @@ static NO_TARGETS: Targets = Targets {
     logger: None,
     on_failure: None,
     on_listening: None,
-    unavailable_error: None,
 };
 
 fn current<T>(slot: &Mutex<Option<Arc<T>>>) -> Option<Arc<T>> {

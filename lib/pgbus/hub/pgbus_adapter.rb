@@ -111,10 +111,40 @@ module Pgbus
       end
     end
 
-    # pgbus 0.13.1+'s HubClient.new: our native client, raising pgbus's own
-    # HubUnavailableError (the one its FailoverListener rescues).
+    # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
+    # FailoverListener behind that client's interface. pgbus's own FailoverListener stays on a
+    # connection of its own until the worker recycles; ours comes back once a hub answers at the
+    # socket again (a restarted sidecar), so it never reports the hub's failure to pgbus's.
+    # pgbus's socket_path (the same variable), ack_timeout and on_failure go unused: ours reads the
+    # socket variable itself, waits one LISTEN budget and handles its own failures.
     module PgbusHubClient
-      def new(**options) = HubClient.new(unavailable_error: self::HubUnavailableError, **options)
+      def new(dispatch_queue:, logger: nil, **)
+        FailoverListenerAsHubClient.new(dispatch_queue, logger, self::HubUnavailableError)
+      end
+    end
+
+    # The calls pgbus's Instance and FailoverListener make on a hub client, answered by our
+    # FailoverListener (started at `connect`, which pgbus calls right after `new`).
+    class FailoverListenerAsHubClient
+      attr_reader :listener
+
+      def initialize(dispatch_queue, logger, unavailable_error)
+        @worker = { dispatch_queue: dispatch_queue, logger: logger }
+        @unavailable_error = unavailable_error
+      end
+
+      # pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
+      def connect
+        options = PgbusAdapter.master_options or raise Error, "pgbus streams are not enabled"
+        @listener = Hub.worker_listener(options, **@worker)
+        self
+      rescue StandardError => e
+        raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"
+      end
+
+      def ensure_listening(queue) = @listener.ensure_listening(queue)
+      def remove_listening(queue) = @listener.remove_listening(queue)
+      def stop = @listener&.stop
     end
 
     # pgbus 0.13.1+'s MasterHub (as its MasterHubBoot builds and starts it): the shared native hub.

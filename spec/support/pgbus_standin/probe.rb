@@ -44,18 +44,28 @@ end
 Pgbus::Web::Streamer.on_wake = ->(m) { got << m }
 instance = Pgbus::Web::Streamer.current
 report[:hub_listener] = instance.listener.class.name
-# pgbus 0.13.1+'s FailoverListener holds our HubClient (older pgbus gets our native FailoverListener)
-report[:ack_timeout] = instance.listener.instance_variable_get(:@hub_client)&.ack_timeout
+# pgbus 0.13.1+'s FailoverListener holds our FailoverListener as its hub client (older pgbus gets ours directly)
+ours = instance.listener.is_a?(Pgbus::Hub::FailoverListener) ? instance.listener : instance.listener.instance_variable_get(:@hub_client).listener
+report[:our_listener] = ours.class.name
 report[:subscribe] = instance.subscribe("probe")
 report[:ephemeral] = deliver.call("eph")
 report[:hub_workers] = hub.stats[:workers]
 Pgbus::Hub::SharedHub.stop
 deadline = Time.now + 5
-sleep 0.05 until instance.listener.failed_over? || Time.now > deadline
-report[:failed_over] = instance.listener.failed_over?
+sleep 0.05 until ours.failed_over? || Time.now > deadline
+report[:failed_over] = ours.failed_over?
+report[:pgbus_failed_over] = !ours.equal?(instance.listener) && instance.listener.failed_over?
 got.clear
 report[:durable_after_failover] = deliver.call("")
 report[:socket_left] = File.exist?(path)
+hub = Pgbus::Hub::SharedHub.start(socket_path: path, logger: nil, **Pgbus::Hub::PgbusAdapter.master_options)
+deadline = Time.now + 10
+sleep 0.05 while ours.failed_over? && Time.now < deadline
+report[:back_on_hub] = !ours.failed_over?
+got.clear
+report[:durable_after_fail_back] = deliver.call("")
+report[:hub_workers_after_fail_back] = hub.stats[:workers]
+Pgbus::Hub::SharedHub.stop
 if defined?(Pgbus::Web::Streamer::MasterHub)
   ruby_hub = Pgbus::Web::Streamer::MasterHub.new(config: config, socket_path: "#{path}.2").start
   report[:pgbus_master_hub_native] = ruby_hub.native_hub.class.name

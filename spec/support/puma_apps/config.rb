@@ -27,10 +27,19 @@ if ENV["PGBUS_E2E_CONFIGURE_IN_MASTER"] == "1"
 end
 
 # Test controls in the master: SIGWINCH stops the hub (the "kill the hub"
-# scenario); a thread publishes the hub's stats for the spec to read.
+# scenario), SIGURG starts it again at the same socket (fail-back); a thread
+# publishes the hub's stats for the spec to read.
 master = Process.pid
 Signal.trap("WINCH") do
   Thread.new { Pgbus::Hub::SharedHub.stop if Process.pid == master && defined?(Pgbus::Hub::SharedHub) }
+end
+Signal.trap("URG") do
+  Thread.new do
+    next unless Process.pid == master
+
+    Pgbus::Hub::SharedHub.start(socket_path: ENV.fetch("PGBUS_STREAMS_HUB_SOCKET"), logger: Pgbus::Hub::Boot.logger,
+                                **Pgbus::Hub.master_options)
+  end
 end
 Thread.new do
   loop do
