@@ -8,13 +8,14 @@ require_relative "wait"
 PGBUS_HUB_EXE = File.expand_path("../../exe/pgbus-hub", __dir__)
 
 # A `pgbus-hub serve` child, configured by a --config file (Pgbus::Hub.configure,
-# the standalone apps' channels: no prefix or suffix), logging to a file.
+# the standalone apps' channels: no prefix or suffix; pgbus's with pgbus: true),
+# logging to a file.
 class ServeProcess
   attr_reader :socket, :log_path, :out_path
 
   # tmpdir: its TMPDIR, where the default socket path is (then no --socket);
   # socket: a path of the caller's (a restarted sidecar serves the same one).
-  def initialize(url, tmpdir: nil, socket: nil)
+  def initialize(url, tmpdir: nil, socket: nil, pgbus: false)
     @dir = Dir.mktmpdir("pgbus-serve")
     @socket = socket || (tmpdir ? File.join(tmpdir, Pgbus::Hub.socket_name("serve")) : File.join(@dir, "hub.sock"))
     @log_path = File.join(@dir, "serve.log")
@@ -23,8 +24,7 @@ class ServeProcess
     File.write(config, <<~RUBY)
       Pgbus::Hub.configure do |c|
         c.connection = #{url.inspect}
-        c.channel_prefix = ""
-        c.channel_suffix = ""
+        #{pgbus ? '' : 'c.channel_prefix = ""; c.channel_suffix = ""'}
       end
     RUBY
     env = { "RUBYLIB" => File.expand_path("../../lib", __dir__), "TMPDIR" => tmpdir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
