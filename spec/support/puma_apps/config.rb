@@ -27,8 +27,9 @@ if ENV["PGBUS_E2E_CONFIGURE_IN_MASTER"] == "1"
 end
 
 # Test controls in the master: SIGWINCH stops the hub (the "kill the hub"
-# scenario), SIGURG starts it again at the same socket (fail-back); a thread
-# publishes the hub's stats for the spec to read.
+# scenario), SIGURG starts it again at the same socket (fail-back; with
+# fork_worker, Puma's own SIGURG refork replaces this trap); a thread publishes
+# the hub's stats for the spec to read.
 master = Process.pid
 Signal.trap("WINCH") do
   Thread.new { Pgbus::Hub::SharedHub.stop if Process.pid == master && defined?(Pgbus::Hub::SharedHub) }
