@@ -18,6 +18,20 @@ mod support_wait;
 
 include!("support_listener_pg/engine.rs");
 
+/// The application_name PostgreSQL shows for the (healthy) engine's session.
+async fn session_application_name(admin: &Connected, engine: &Engine) -> String {
+    let pid = engine.stats.backend_pid().unwrap() as i32;
+    admin
+        .client
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test]
 async fn listen_while_down_is_acked_only_after_reconnect() {
     let Some(options) = options().await else {
@@ -213,16 +227,7 @@ async fn url_keyword_and_pairs_forms_connect() {
         let expected = options.application_name().to_string();
         let mut engine = engine(options);
         engine.wait_healthy().await;
-        let pid = engine.stats.backend_pid().unwrap() as i32;
-        let name: String = admin
-            .client
-            .query_one(
-                "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let name = session_application_name(&admin, &engine).await;
         assert_eq!(name, expected, "{form}");
         assert!(name.contains(&tag), "{form}: {name}");
         engine.stop().await;
@@ -245,17 +250,7 @@ async fn variables_are_set_after_connect_with_safe_quoting() {
         .unwrap();
     let mut engine = engine(options);
     engine.wait_healthy().await;
-    let pid = engine.stats.backend_pid().unwrap() as i32;
-    let shown: String = admin
-        .client
-        .query_one(
-            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
-            &[&pid],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(shown, name);
+    assert_eq!(session_application_name(&admin, &engine).await, name);
     engine.stop().await;
 }
 
