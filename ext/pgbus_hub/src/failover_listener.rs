@@ -105,7 +105,9 @@ impl RbFailoverListener {
     }
 
     /// `:done` once LISTEN is active; nil when not confirmed in time, for a
-    /// name no LISTEN can take (logged once), or when interrupted. Waits without the GVL.
+    /// name no LISTEN can take (logged once), when interrupted, and after
+    /// `stop` (pgbus's dispatcher may still ask while its streamer shuts
+    /// down). Before `start`: an error. Waits without the GVL.
     fn ensure_listening(
         ruby: &Ruby,
         rb_self: &Self,
@@ -113,10 +115,10 @@ impl RbFailoverListener {
     ) -> Result<Option<Symbol>, Error> {
         let queue = options::queue_name(queue)?;
         let Some(listener) = rb_self.listener() else {
-            return Err(hub_error(
-                ruby,
-                "ensure_listening before start (or after stop)",
-            ));
+            if rb_self.started.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            return Err(hub_error(ruby, "ensure_listening before start"));
         };
         let listened = nogvl_resuming(
             ruby,
@@ -166,6 +168,12 @@ impl RbFailoverListener {
 
     fn failed_over(&self) -> bool {
         self.listener().is_some_and(|l| l.failed_over())
+    }
+
+    /// The hub serves and its last status said healthy (false on the local
+    /// listener and after `stop`).
+    fn hub_healthy(&self) -> bool {
+        self.listener().is_some_and(|l| l.hub_healthy())
     }
 
     /// The local connection's health (`{}` while the hub serves).
@@ -230,6 +238,7 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     let listener = hub.define_class("Listener", class)?;
     listener.define_method("connected?", method!(RbFailoverListener::connected, 0))?;
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
+    class.define_method("hub_healthy?", method!(RbFailoverListener::hub_healthy, 0))?;
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
     class.define_method("stop", method!(threads::stop::<RbFailoverListener>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbFailoverListener>, 0))?;

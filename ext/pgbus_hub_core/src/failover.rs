@@ -348,6 +348,16 @@ impl FailoverListener {
         state.failed_over && !matches!(state.serving, Serving::Hub(_))
     }
 
+    /// True while the hub serves and its last `status` said healthy (the
+    /// hub client's [`HubClient::hub_healthy`]); false on the local
+    /// listener, after `stop`, and in a forked child.
+    pub fn hub_healthy(&self) -> bool {
+        match &lock(&self.shared.state).serving {
+            Serving::Hub(client) => client.hub_healthy(),
+            _ => false,
+        }
+    }
+
     /// The local listener once it serves (for its stats).
     pub fn local(&self) -> Option<Arc<StandaloneListener>> {
         match &lock(&self.shared.state).serving {

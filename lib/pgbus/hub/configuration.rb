@@ -60,14 +60,11 @@ module Pgbus
 
       # A started listener for a worker of the hub +options+ describe, with the
       # +worker+ keywords (dispatch_queue:, logger:, on_listening:): a
-      # FailoverListener over the master's hub when it serves, else a Listener of its own.
-      def worker_listener(options, **worker)
+      # FailoverListener over the hub at +socket_path+ (default: the master's, when
+      # it serves), else a Listener of its own.
+      def worker_listener(options, socket_path: (ENV.fetch(DEFAULT_SOCKET_ENV) if hub_served?(options)), **worker)
         keywords = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix).merge(worker)
-        listener = if hub_served?(options)
-                     FailoverListener.new(socket_path: ENV.fetch(DEFAULT_SOCKET_ENV), **keywords)
-                   else
-                     Listener.new(**keywords)
-                   end
+        listener = socket_path ? FailoverListener.new(socket_path: socket_path, **keywords) : Listener.new(**keywords)
         listener.start
       end
 

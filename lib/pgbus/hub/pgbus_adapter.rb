@@ -11,20 +11,23 @@ module Pgbus
       class << self
         attr_reader :shape
 
-        # Idempotent: at require and at pgbus's first configuration.
+        # Idempotent: at require and at pgbus's first configuration. A pgbus whose classes lack what
+        # the glue uses (PgbusSurface::NEEDS) is left as it is, with one logged error.
         def install!
           return nil unless ::Pgbus.method(:configuration).super_method
 
-          @shape ||= defined?(::Pgbus::Web::Streamer::HubClient) ? install_hub_era : install_pre_hub
-          arm_under_pgbus_plugin
+          @shape ||= install_shape(defined?(::Pgbus::Web::Streamer::HubClient) ? :hub_era : :pre_hub)
+          arm_under_pgbus_plugin if installed?
           @shape
         rescue StandardError => e
           @shape = :failed
           warn "[pgbus-hub] pgbus integration failed: #{e.class}: #{e.message}"
         end
 
+        def installed? = %i[hub_era pre_hub].include?(@shape)
+
         # The master hub's options from pgbus's configuration, nil until streams are enabled.
-        def master_options(config = (::Pgbus.configuration if shape))
+        def master_options(config = (::Pgbus.configuration if installed?))
           return nil unless config.respond_to?(:streams_enabled) && config.streams_enabled
 
           connection = config.streams_connection_options
@@ -44,6 +47,17 @@ module Pgbus
         end
 
         private
+
+        def install_shape(shape)
+          missing = PgbusSurface.missing(shape)
+          return send(:"install_#{shape}") if missing.empty?
+
+          version = defined?(::Pgbus::VERSION) ? ::Pgbus::VERSION : "(no Pgbus::VERSION)"
+          ::Pgbus.logger.error("[pgbus-hub] pgbus #{version} is not the shape pgbus-hub #{VERSION} supports " \
+                               "(pgbus #{PgbusSurface::SUPPORTED}): it lacks #{missing.join(', ')}. pgbus-hub " \
+                               "leaves pgbus's own streams as they are (no shared hub for pgbus)")
+          :unsupported
+        end
 
         def install_hub_era
           streamer = ::Pgbus::Web::Streamer
@@ -111,42 +125,6 @@ module Pgbus
       end
     end
 
-    # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
-    # FailoverListener behind that client's interface. pgbus's own FailoverListener stays on a
-    # connection of its own until the worker recycles; ours comes back once a hub answers at the
-    # socket again (a restarted sidecar), so it never reports the hub's failure to pgbus's.
-    # pgbus's socket_path (the same variable), ack_timeout and on_failure go unused: ours reads the
-    # socket variable itself, waits one LISTEN budget and handles its own failures.
-    module PgbusHubClient
-      def new(dispatch_queue:, logger: nil, **)
-        FailoverListenerAsHubClient.new(dispatch_queue, logger, self::HubUnavailableError)
-      end
-    end
-
-    # The calls pgbus's Instance and FailoverListener make on a hub client, answered by our
-    # FailoverListener (started at `connect`, which pgbus calls right after `new`).
-    class FailoverListenerAsHubClient
-      attr_reader :listener
-
-      def initialize(dispatch_queue, logger, unavailable_error)
-        @worker = { dispatch_queue: dispatch_queue, logger: logger }
-        @unavailable_error = unavailable_error
-      end
-
-      # pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
-      def connect
-        options = PgbusAdapter.master_options or raise Error, "pgbus streams are not enabled"
-        @listener = Hub.worker_listener(options, **@worker)
-        self
-      rescue StandardError => e
-        raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"
-      end
-
-      def ensure_listening(queue) = @listener.ensure_listening(queue)
-      def remove_listening(queue) = @listener.remove_listening(queue)
-      def stop = @listener&.stop
-    end
-
     # pgbus 0.13.1+'s MasterHub (as its MasterHubBoot builds and starts it): the shared native hub.
     PgbusMasterHub = Struct.new(:socket_path, :config, :logger, :tuning, :native_hub) do
       def start
@@ -156,6 +134,7 @@ module Pgbus
       end
 
       def stop = tap { SharedHub.stop(native_hub) if native_hub }
+      def threads = native_hub ? native_hub.threads : []
       def stats = native_hub&.stats || {}
       def dropped_durable_wakes = stats.fetch(:dropped_durable_wakes, 0)
       def evicted_workers = stats.fetch(:evicted_workers, 0)

@@ -8,6 +8,7 @@ require "set"
 
 module Pgbus
   STANDIN_SHAPE = "pre382"
+  VERSION = "0.13.0"
 
   class Error < StandardError; end
   class ConfigurationError < Error; end

@@ -8,6 +8,11 @@ require "set"
 
 module Pgbus
   STANDIN_SHAPE = "v382"
+  # 0.13.1 to 0.14.x; 0.15 and later add the streamer's #threads and the shutdown that reports
+  # threads still alive after the stops (pgbus PR #448), chosen with PGBUS_STANDIN_VERSION.
+  VERSION = ENV.fetch("PGBUS_STANDIN_VERSION", "0.14.1")
+
+  def self.reports_leaks? = Gem::Version.new(VERSION) >= Gem::Version.new("0.15")
 
   class Error < StandardError; end
   class ConfigurationError < Error; end

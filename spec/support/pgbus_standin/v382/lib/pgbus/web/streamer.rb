@@ -26,8 +26,9 @@ module Pgbus
             @current = nil
             taken
           end
-          instance&.shutdown!
+          leaked = instance&.shutdown!
           Pgbus.logger.info("[Pgbus::Streamer] reset! (pid #{::Process.pid})")
+          leaked # 0.15+: names of threads alive after the shutdown ([] for none), nil without an instance
         end
       end
     end

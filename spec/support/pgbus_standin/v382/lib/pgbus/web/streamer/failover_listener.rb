@@ -55,6 +55,9 @@ module Pgbus
 
         def stop = current.stop
 
+        # 0.15+ (stand-in's reading of PR #448): the threads of the hub client and of the side serving now.
+        def threads = [@hub_client, current].uniq.flat_map(&:threads)
+
         private
 
         def current = @state.synchronize { @impl }

@@ -22,6 +22,7 @@ module Pgbus
         def start
           @listener.start
           @dispatcher = Thread.new { dispatch }
+          @dispatcher.name = "stand-in dispatcher"
           self
         end
 
@@ -29,11 +30,15 @@ module Pgbus
           @listener.ensure_listening(@config.queue_name(stream))
         end
 
+        # 0.15+: the components' threads are taken BEFORE the stops (a stop forgets its thread even
+        # when the join timed out) and the names of those still alive after them are returned.
         def shutdown!
+          threads = @listener.threads + [@dispatcher].compact if Pgbus.reports_leaks?
           @listener.stop
           @dispatch_queue << :stop
           @dispatcher&.join(2)
           @pg_connection.close if @pg_connection && !@pg_connection.finished?
+          threads&.select(&:alive?)&.map { |thread| thread.name || thread.inspect }
         end
 
         private

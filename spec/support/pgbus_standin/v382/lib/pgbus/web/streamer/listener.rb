@@ -64,6 +64,9 @@ module Pgbus
           @thread&.alive? || false
         end
 
+        # 0.15+: its thread while alive (kept past a timed-out stop join, so a leak stays visible).
+        def threads = [@thread].compact.select(&:alive?)
+
         def connected?
           !@conn.nil?
         end

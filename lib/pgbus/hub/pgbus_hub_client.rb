@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+module Pgbus
+  module Hub
+    # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
+    # FailoverListener at pgbus's socket_path, behind that client's interface (docs/pgbus-surface.md).
+    # pgbus's own FailoverListener stays on a connection of its own until the worker recycles; ours
+    # comes back once a hub answers at the socket again (a restarted sidecar), so it never reports the
+    # hub's failure to pgbus's: on_failure goes unused, and so does ack_timeout (ours waits one LISTEN budget).
+    module PgbusHubClient
+      def new(socket_path:, dispatch_queue:, logger: nil, **)
+        FailoverListenerAsHubClient.new(socket_path, dispatch_queue, logger, self::HubUnavailableError)
+      end
+    end
+
+    # The calls pgbus's Instance, FailoverListener and shutdown make on a hub client
+    # (PgbusSurface::CALLS), answered by our FailoverListener, started at `connect`.
+    class FailoverListenerAsHubClient
+      attr_reader :listener
+
+      def initialize(socket_path, dispatch_queue, logger, unavailable_error)
+        @socket_path = socket_path
+        @worker = { dispatch_queue: dispatch_queue, logger: logger }
+        @unavailable_error = unavailable_error
+      end
+
+      # pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
+      def connect
+        return self if @listener
+
+        options = PgbusAdapter.master_options or raise Error, "pgbus streams are not enabled"
+        @listener = Hub.worker_listener(options, socket_path: @socket_path, **@worker)
+        self
+      rescue StandardError => e
+        raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"
+      end
+
+      # nil (not confirmed) before connect and after stop: never a fresh connection of pgbus's while shutting down.
+      def ensure_listening(queue) = (@listener.ensure_listening(queue) if live?)
+      def remove_listening(queue) = (@listener.remove_listening(queue) if live?)
+      def hub_healthy? = live? && @listener.hub_healthy?
+      def dead? = live? && @listener.failed_over?
+      def threads = @listener ? @listener.threads : []
+
+      def stop
+        @stopped = true
+        @listener&.stop
+        self
+      end
+
+      private
+
+      def live? = !@listener.nil? && !@stopped
+    end
+  end
+end
