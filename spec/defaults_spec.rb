@@ -32,6 +32,20 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
     end
   end
 
+  # One definition per default: each option of DEFAULTS is a MasterHub keyword and a
+  # Pgbus::Hub.configure setting, and neither takes a tuning key DEFAULTS lacks (ack_timeout is a
+  # worker's: HubClient's keyword, derived from health_check_ms under the hub).
+  it "names the same options in DEFAULTS, MasterHub's keywords and Pgbus::Hub.configure, both ways" do
+    tuning = Pgbus::Hub::DEFAULTS.keys - %i[ack_timeout]
+    hub = Pgbus::Hub.options("MasterHub", { connection: "dbname=x", socket_path: "/tmp/x.sock" })
+    expect(hub.keys - %i[connection socket_path logger]).to match_array(tuning)
+    expect(Pgbus::Hub::Configuration.members - %i[logger connection listen_scope socket_path]).to match_array(tuning)
+    expect(Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [] })).to include(:ack_timeout)
+    first_cells = File.read(File.expand_path("../docs/configuration.md", __dir__)).scan(/^\|([^|]+)\|/).flatten
+    documented = first_cells.flat_map { |cell| cell.scan(/`(\w+):?`/).flatten }.map(&:to_sym)
+    expect(tuning - documented).to eq([])
+  end
+
   it "refuses a bad keyword by name, in every constructor and in configure" do
     expect { Pgbus::Hub.options("HubClient", { socket_path: "/x" }) }
       .to raise_error(ArgumentError, "HubClient: missing required option(s) :dispatch_queue")

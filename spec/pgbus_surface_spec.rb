@@ -4,9 +4,10 @@ require "open3"
 require "rbconfig"
 require "tmpdir"
 require_relative "support/database"
+require_relative "support/pgbus_calls"
 require_relative "support/pgbus_surface_doc"
 
-# The contract with pgbus, release by release, from one list (Pgbus::Hub::PgbusSurface, which
+# The contract with pgbus, release by release, from one list (spec/support/pgbus_calls.rb, which
 # docs/pgbus-surface.md shows): in a child process per release with that release's stand-in
 # (spec/support/pgbus_standin; 0.15+ adds #threads and the shutdown that reports threads still
 # alive), every object pgbus-hub hands pgbus is built as pgbus builds it, taken through its states
@@ -15,7 +16,6 @@ require_relative "support/pgbus_surface_doc"
 RSpec.describe "the pgbus surface" do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
 
-  surface = Pgbus::Hub::PgbusSurface
   releases = { "0.13.0" => "pre382", "0.13.1" => "v382", "0.14.1" => "v382", "0.15.0" => "v382", "0.17.0" => "v382" }
 
   def probe(shape, version)
@@ -53,7 +53,7 @@ RSpec.describe "the pgbus surface" do
       report = probe(shape, version)
       expect(report["version"]).to eq(version)
       expect(report["installed"]).to eq(shape == "pre382" ? "pre_hub" : "hub_era")
-      calls = surface.calls(version)
+      calls = PgbusCalls.calls(version)
       expect(calls.map(&:object).uniq.sort).to eq(shape == "pre382" ? %i[listener] : %i[hub_client master_hub])
       problems = calls.flat_map do |call|
         call.states.filter_map do |state|
@@ -103,7 +103,7 @@ RSpec.describe "the pgbus surface" do
     expect(report).to include("shape" => "unsupported", "prepended" => false, "options" => nil,
                               "listener" => "Pgbus::Web::Streamer::Listener") # pgbus's own, as without pgbus-hub
     expect(report["errors"].size).to eq(1)
-    expect(report["errors"].first).to include("pgbus 9.0.0 is not the shape pgbus-hub", "(pgbus #{surface::SUPPORTED})",
+    expect(report["errors"].first).to include("pgbus 9.0.0 is not the shape pgbus-hub", "(pgbus #{Pgbus::Hub::PgbusSurface::SUPPORTED})",
                                               "Pgbus::Web::Streamer::HubClient.new(socket_path:)",
                                               "HubClient.new(dispatch_queue:)")
   end

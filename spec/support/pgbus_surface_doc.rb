@@ -1,10 +1,14 @@
 # frozen_string_literal: true
 
-# The tables of docs/pgbus-surface.md, written from Pgbus::Hub::PgbusSurface (the list the
-# contract spec and the boot check use), between the page's two markers.
+# The tables of docs/pgbus-surface.md, written from spec/support/pgbus_calls.rb (the list the
+# contract spec exercises) and Pgbus::Hub::PgbusSurface::NEEDS (the boot check's), between the
+# page's two markers.
+require_relative "pgbus_calls"
+
 module PgbusSurfaceDoc
   PAGE = File.expand_path("../../docs/pgbus-surface.md", __dir__)
-  BEGIN_MARK = "<!-- surface tables: written by `rake docs:surface` from lib/pgbus/hub/pgbus_surface.rb -->"
+  BEGIN_MARK = "<!-- surface tables: written by `rake docs:surface` from spec/support/pgbus_calls.rb and " \
+               "lib/pgbus/hub/pgbus_surface.rb -->"
   END_MARK = "<!-- end of surface tables -->"
 
   module_function
@@ -16,13 +20,12 @@ module PgbusSurfaceDoc
   end
 
   def tables
-    surface = Pgbus::Hub::PgbusSurface
     lines = ["### What pgbus calls on the objects pgbus-hub hands it", ""]
-    surface::OBJECTS.each do |object, (first, before, built_by, ours)|
+    PgbusCalls::OBJECTS.each do |object, (first, before, built_by, ours)|
       lines << "**#{built_by}** (pgbus #{releases(first, before)}) returns `#{ours}`; " \
-               "exercised #{surface::STATES.fetch(object).join(', ')}:" << ""
+               "exercised #{PgbusCalls::STATES.fetch(object).join(', ')}:" << ""
       lines << "| method | pgbus | result | meaning |" << "| --- | --- | --- | --- |"
-      surface::CALLS.select { |call| call.object == object }.each do |call|
+      PgbusCalls::CALLS.select { |call| call.object == object }.each do |call|
         result = call.values ? "#{call.result}: #{call.values.map { |state, value| "#{state} #{value}" }.join(', ')}" : call.result
         lines << "| `#{call.method}#{"(#{call.args})" unless call.args.empty?}` | #{call.since ? "#{call.since}+" : 'all'} | " \
                  "#{result} | #{call.meaning} |"
@@ -31,7 +34,7 @@ module PgbusSurfaceDoc
     end
     lines << "### What pgbus-hub needs of pgbus (checked at install)" << ""
     lines << "| shape | constant | needs |" << "| --- | --- | --- |"
-    surface::NEEDS.each do |shape, needs|
+    Pgbus::Hub::PgbusSurface::NEEDS.each do |shape, needs|
       needs.each { |path, kind, names| lines << "| #{shape} | `#{path}` | #{kind}#{": #{names.join(', ')}" unless names.empty?} |" }
     end
     lines.join("\n")

@@ -14,7 +14,7 @@ module Pgbus
     end
 
     # The calls pgbus's Instance, FailoverListener and shutdown make on a hub client
-    # (PgbusSurface::CALLS), answered by our FailoverListener, started at `connect`.
+    # (docs/pgbus-surface.md), answered by our FailoverListener, started at `connect`.
     class FailoverListenerAsHubClient
       attr_reader :listener
 

@@ -3,12 +3,13 @@
 # Runs in a child process with one stand-in shape on $LOAD_PATH (tests only):
 #   PGBUS_STANDIN_VERSION=0.15.0 ruby -I lib -I spec/support/pgbus_standin/<shape>/lib surface_probe.rb DATABASE_URL DIR
 # Builds each object pgbus-hub hands this pgbus release the way pgbus builds it, takes it through
-# its states (PgbusSurface::STATES: a hub gone, failed back, up, failed over, stopped) and makes
-# there every call PgbusSurface::CALLS lists for the release. Prints one JSON report:
+# its states (PgbusCalls::STATES: a hub gone, failed back, up, failed over, stopped) and makes
+# there every call spec/support/pgbus_calls.rb lists for the release. Prints one JSON report:
 # objects -> object -> state -> method -> what came back (or the error raised).
 require "json"
 require "pgbus"
 require "pgbus/hub"
+require_relative "../pgbus_calls"
 
 url, dir = ARGV
 Pgbus.logger = Logger.new(File::NULL)
@@ -16,8 +17,7 @@ config = Pgbus.configuration
 config.streams_enabled = true
 config.database_url = url
 config.streams_listen_scope = :master
-surface = Pgbus::Hub::PgbusSurface
-calls = surface.calls(Pgbus::VERSION)
+calls = PgbusCalls.calls(Pgbus::VERSION)
 objects = Hash.new { |hash, key| hash[key] = {} }
 report = { version: Pgbus::VERSION, installed: Pgbus::Hub::PgbusAdapter.shape, objects: objects }
 hub_path = File.join(dir, "hub.sock")
@@ -34,7 +34,7 @@ end
 # only some states) first, so a stopped object is stopped before it is asked anything.
 record = lambda do |object, state, receiver|
   due = calls.select { |call| call.object == object && call.states.include?(state) }
-  due.sort_by { |call| call.states == surface::STATES.fetch(object) ? 1 : 0 }.each do |call|
+  due.sort_by { |call| call.states == PgbusCalls::STATES.fetch(object) ? 1 : 0 }.each do |call|
     args = call.args.empty? ? [] : ["pgbus_surface"]
     objects[object][state] = objects[object].fetch(state, {}).merge(
       call.method => begin
