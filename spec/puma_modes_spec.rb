@@ -20,6 +20,9 @@ RSpec.describe "Puma modes", :puma do
       stream = unique_stream
       subs = c.subscribe_all(stream)
       expect(subs.values.map { |s| s["listener"] }.uniq).not_to include("Pgbus::Hub::FailoverListener")
+      # the scope was set in the app, after the plugin armed: the master exports no socket for a hub it never starts
+      expect(subs.values.map { |s| s["socket"] }.uniq).to eq([nil])
+      expect(c.log).to include("listen scope :process: no master hub")
       expect(c.census_settles_at(4)).to eq(4)
       expect_wake_everywhere(c, subs.keys, stream, "p")
       expect(c.hub_info).to include("running" => false)

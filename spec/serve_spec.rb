@@ -84,6 +84,19 @@ RSpec.describe "pgbus-hub serve", :puma do
     end
   end
 
+  it "a socket_path set in the app (after the plugin armed) is the one the workers use: a sidecar there serves them" do
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL)
+    c = cluster(mode: :standalone, workers: 2, env: { "PGBUS_E2E_APP_SOCKET" => @serve.socket })
+    c.wait_log(/a hub already serves #{Regexp.escape(@serve.socket)}/)
+    expect(c.log).to include("socket_path #{@serve.socket} from Pgbus::Hub.configure")
+    subs = c.subscribe_all(unique_stream)
+    expect(subs.values.map { |s| [s["listener"], s["result"], s["socket"]] }.uniq)
+      .to eq([["Pgbus::Hub::FailoverListener", "done", @serve.socket]])
+    expect(c.census_settles_at(0)).to eq(0) # none of the cluster's own: the master started no hub
+    expect(c.hub_info).to include("running" => false)
+    expect(Pgbus::Hub.stats(socket_path: @serve.socket)[:workers]).to eq(2)
+  end
+
   it "exits 64 on a usage error and when it has no connection" do
     out, code = run_exe("serve", "--bogus")
     expect([out, code]).to match([/invalid option: --bogus/, 64])

@@ -60,11 +60,15 @@ module Pgbus
 
         # In the armed master before every fork; never raises into it. A
         # configuration not there yet (no preload_app!) is looked for again at the next fork.
+        # Settings the app made after `arm` (its initializers run later) apply here: a socket_path
+        # set since is the one exported, and the :process scope exports none.
         def before_fork
+          adopt_socket_path
           return if @attached || SharedHub.current&.running?
-          return if attach
 
           options = Hub.master_options
+          return per_process if options && options[:scope].to_s != "master"
+          return if attach
           return start(options) if options
           return if @missing_logged
 
@@ -93,7 +97,32 @@ module Pgbus
 
         def on_teardown(&block) = @teardowns << block
 
+        # A setting of the running master hub's changed: it applies when the hub next starts.
+        def setting_changed(key)
+          return unless ::Process.pid == @armed_pid && SharedHub.current&.running? && key != :logger
+
+          @logger&.error("[pgbus-hub] Pgbus::Hub.configure: #{key} changed while the master hub runs at " \
+                         "#{@socket_path}: ignored until it restarts (set it in puma.rb or an initializer " \
+                         "preload_app! runs)")
+        end
+
         private
+
+        # Pgbus::Hub.configure's socket_path, when the app set one after `arm` and nothing runs yet.
+        def adopt_socket_path
+          wanted = Hub.configuration.socket_path
+          return if wanted.nil? || wanted == @socket_path || @attached || SharedHub.current&.running?
+
+          @logger&.info("[pgbus-hub] socket_path #{wanted} from Pgbus::Hub.configure (was #{@socket_path})")
+          @socket_path = ENV[DEFAULT_SOCKET_ENV] = wanted
+        end
+
+        # The :process scope: no hub; nothing exported, so no worker looks for one.
+        def per_process
+          return unless ENV.delete(DEFAULT_SOCKET_ENV)
+
+          @logger&.info("[pgbus-hub] listen scope :process: no master hub; each worker LISTENs on its own connection")
+        end
 
         # True once a hub of someone else's answers at the socket path: it then
         # serves this master's workers for good (asked before each fork until
@@ -110,8 +139,6 @@ module Pgbus
         end
 
         def start(options)
-          return if options[:scope].to_s != "master"
-
           StaleSockets.remove(@logger)
           SharedHub.start(socket_path: @socket_path, logger: @logger, **options)
           @logger&.info("[pgbus-hub] #{options[:source]} configuration: master hub started before fork (pid #{::Process.pid})")

@@ -10,7 +10,12 @@ module Pgbus
                                *(DEFAULTS.keys - %i[ack_timeout]), keyword_init: true) do
       def initialize = super(listen_scope: :master, **DEFAULTS.except(:ack_timeout))
 
-      members.each { |key| define_method(:"#{key}=") { |value| self[key] = Hub.check_setting(key, value) } }
+      members.each do |key|
+        define_method(:"#{key}=") do |value|
+          self[key] = Hub.check_setting(key, value)
+          Boot.setting_changed(key)
+        end
+      end
 
       # What the master hub starts with (:scope and :source say whether and why).
       def master_options(**from_pgbus)

@@ -44,6 +44,7 @@ else
     c.channel_suffix = ""
     c.health_check_ms = 100
     c.logger = Logger.new($stdout)
+    c.socket_path = ENV["PGBUS_E2E_APP_SOCKET"] if ENV["PGBUS_E2E_APP_SOCKET"] # set in the app, after the plugin armed
   end
   listeners = {}
   lock = Mutex.new
@@ -94,7 +95,7 @@ run lambda { |env|
              end
            end
            sleep Float(req.params.fetch("hold", "0"))
-           { pid: Process.pid, listener: listener, result: result }
+           { pid: Process.pid, listener: listener, result: result, socket: ENV["PGBUS_STREAMS_HUB_SOCKET"] }
          else
            { pid: Process.pid, native: $LOADED_FEATURES.grep(%r{pgbus_hub\.so\z}).first }
          end
