@@ -214,4 +214,78 @@ RSpec.describe "Fork safety" do # rubocop:disable RSpec/DescribeClass
     expect(backends.size).to eq(2)
     expect(backends).to include(backend)
   end
+
+  # Issue 41, item 0: an abandoned connection survives in the workers. Every
+  # child holds a copy of the owner's PostgreSQL socket; when the owner gives
+  # its connection up while the server is still there (here: its backend
+  # stopped for 3 s, so the health check times out), closing its own
+  # descriptor ends nothing. The owner shuts the socket down (shutdown(2)):
+  # the old backend ends and the notification queue drains.
+  context "when the owner abandons its connection while children hold copies of its socket" do
+    before do
+      skip "needs root to SIGSTOP a local backend" unless ::Process.euid.zero?
+    end
+
+    def local_backend?(pid) = (File.read("/proc/#{pid}/comm").strip == "postgres" rescue false) # rubocop:disable Style/RescueModifier
+
+    def queue_usage = TestDatabase.with { |conn| conn.exec("select pg_notification_queue_usage()").getvalue(0, 0).to_f }
+
+    def holders(count)
+      TestDatabase.with(&:close) # not inherited (see fork_children)
+      Array.new(count) { fork { sleep } }.tap { |pids| later { pids.each { |pid| reap(pid, :KILL) } } }
+    end
+
+    def stall_and_flood(old_backend, now_backend, queue)
+      ::Process.kill(:STOP, old_backend)
+      begin
+        wait_for("a new backend after the health check gave up", timeout: 15) do
+          now_backend.call.then { |pid| pid if pid && pid != old_backend }
+        end
+        sleep 3 - 2.2 # a 3 s stall in all (the probe waits 2 s)
+      ensure
+        ::Process.kill(:CONT, old_backend)
+      end
+      payload = "x" * 7000
+      TestDatabase.with do |conn|
+        3000.times { conn.exec_params("select pg_notify($1, $2)", ["pgmq.q_#{queue}.INSERT", payload]) }
+      end
+      usage_after_flood = queue_usage
+      started = ::Process.clock_gettime(::Process::CLOCK_MONOTONIC)
+      gone = wait_for(nil, timeout: 10, interval: 0.05) { !backends.include?(old_backend) }
+      drained = wait_for(nil, timeout: 10, interval: 0.05) { queue_usage.zero? }
+      seconds = ::Process.clock_gettime(::Process::CLOCK_MONOTONIC) - started
+      puts "    old backend #{old_backend} #{gone ? 'gone' : 'STILL THERE'}; pg_stat_activity #{backends.inspect}; " \
+           "queue usage after the NOTIFYs #{usage_after_flood}, #{format('%.2f', seconds)} s later #{queue_usage}"
+      expect(gone).to be(true), "backend #{old_backend} still in pg_stat_activity"
+      expect(drained).to be(true), "pg_notification_queue_usage() stuck at #{queue_usage}"
+    end
+
+    # 4 children hold copies of the owner's socket (its stats come from the block).
+    def abandon_with_copies(queue, &stats)
+      old = stats.call[:backend_pid]
+      skip "the backend is not a local process we may signal" unless local_backend?(old)
+      puts "    queue usage before #{queue_usage}"
+      holders(4)
+      stall_and_flood(old, -> { stats.call[:backend_pid] }, queue)
+      expect(stats.call[:reconnects]).to eq(1)
+    end
+
+    it "the MasterHub severs it: the old backend ends and the queue drains" do
+      @objects[:hub] = Pgbus::Hub::MasterHub.new(connection: connection, socket_path: File.join(@dir, "hub.sock"),
+                                                 health_check_ms: 100, status_interval: 0.2).start
+      later { @objects[:hub]&.stop }
+      peer = WirePeer.new(hub.socket_path)
+      later { peer.close }
+      peer.subscribe(channel("flood"))
+      abandon_with_copies(channel("flood")) { hub.stats }
+    end
+
+    it "a per-process Listener severs it too" do
+      @objects[:listener] = Pgbus::Hub::Listener.new(connection: connection, dispatch_queue: Queue.new,
+                                                     health_check_ms: 100).start
+      later { @objects[:listener]&.stop }
+      expect(listener.ensure_listening(channel("flood"))).to eq(:done)
+      abandon_with_copies(channel("flood")) { listener.stats }
+    end
+  end
 end
