@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_postgres::config::SslMode;
-use tokio_postgres::{AsyncMessage, Client, Notification};
+use tokio_postgres::config::{SslMode, TargetSessionAttrs};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{AsyncMessage, Client, Config, Notification};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{ConnectionOptions, TlsPolicy};
+use super::socket::{self, PgSocket, Sever};
+use super::{ConnectionOptions, PgConnection, TlsPolicy};
 
 /// Whole-connect deadline when the options set no `connect_timeout`. libpq
 /// waits forever, but a listener stuck in a half-open handshake would never
@@ -31,20 +34,32 @@ pub struct Connected {
     pub client: Client,
     pub messages: mpsc::UnboundedReceiver<ServerMessage>,
     pub driver: JoinHandle<()>,
+    /// shutdown(2) of the driver's socket (valid while the driver runs).
+    sever: Sever,
 }
 
 impl Connected {
-    /// Drop the client (tokio-postgres then sends Terminate and closes the
-    /// socket), wait up to `grace` for that, then abort the driver.
+    /// Drop the client (tokio-postgres then sends Terminate and shuts the
+    /// socket down), wait up to `grace` for that; a driver still running then
+    /// (a stalled server still owes it an answer) has its socket severed
+    /// before it is aborted: closing our descriptor alone would leave the
+    /// backend LISTENing while a forked worker holds a copy of the socket.
     pub async fn close(self, grace: Duration) {
         let Connected {
             client,
             messages,
             mut driver,
+            sever,
         } = self;
         drop(client);
         drop(messages);
         if tokio::time::timeout(grace, &mut driver).await.is_err() {
+            // The runtime runs one thread and nothing awaits between this
+            // check and the shutdown: a driver not finished still owns the
+            // descriptor, so it cannot have been closed and reused.
+            if !driver.is_finished() {
+                sever.sever();
+            }
             driver.abort();
         }
     }
@@ -98,15 +113,15 @@ impl ConnectionOptions {
         for &mode in attempts {
             let mut config = self.config.clone();
             config.ssl_mode(mode);
-            match config.connect(connector.clone()).await {
+            match open(&config, &connector).await {
                 Ok(pair) => {
                     opened = Some(pair);
                     break;
                 }
-                Err(error) => failures.push(describe(&error)),
+                Err(error) => failures.push(error),
             }
         }
-        let Some((client, mut connection)) = opened else {
+        let Some((client, mut connection, sever)) = opened else {
             let reason = match failures.as_slice() {
                 [only] => only.clone(),
                 [with_first, with_second] => format!(
@@ -141,12 +156,17 @@ impl ConnectionOptions {
                     None => break "the server closed the connection".to_string(),
                 }
             };
+            // The connection still owns its socket here: however it ended
+            // (an I/O or protocol error included), the server is told, even
+            // while forked workers hold copies of the descriptor.
+            sever.sever();
             let _ = sender.send(ServerMessage::Lost(reason));
         });
         let connected = Connected {
             client,
             messages,
             driver,
+            sever,
         };
         let sql = self
             .variables_sql()
@@ -159,6 +179,94 @@ impl ConnectionOptions {
             }
         }
         Ok(connected)
+    }
+}
+
+/// tokio-postgres' `Config::connect` on a socket of our own (its descriptor
+/// is what [`Sever`] needs): each host in its order, each address of a
+/// host, then `target_session_attrs`. The last failure's reason.
+async fn open(
+    config: &Config,
+    connector: &MakeRustlsConnect,
+) -> Result<(Client, PgConnection, Sever), String> {
+    let mut last = String::from("no host to connect to");
+    for target in socket::targets(config)? {
+        let addresses = match target.addresses(config).await {
+            Ok(addresses) => addresses,
+            Err(error) => {
+                last = error;
+                continue;
+            }
+        };
+        for address in addresses {
+            match open_at(config, connector, &target, &address).await {
+                Ok(opened) => return Ok(opened),
+                Err(error) => last = error,
+            }
+        }
+    }
+    Err(last)
+}
+
+async fn open_at(
+    config: &Config,
+    connector: &MakeRustlsConnect,
+    target: &socket::Target,
+    address: &socket::Address,
+) -> Result<(Client, PgConnection, Sever), String> {
+    let socket = address.connect(config).await?;
+    let sever = socket.sever_handle();
+    let tls = <MakeRustlsConnect as MakeTlsConnect<PgSocket>>::make_tls_connect(
+        &mut connector.clone(),
+        target.hostname.as_deref().unwrap_or(""),
+    )
+    .map_err(|e| e.to_string())?;
+    let (client, mut connection) = config
+        .connect_raw(socket, tls)
+        .await
+        .map_err(|e| describe(&e))?;
+    if let Err(error) = session_attrs(config, &client, &mut connection).await {
+        sever.sever();
+        return Err(error);
+    }
+    Ok((client, connection, sever))
+}
+
+/// `target_session_attrs=read-write|read-only`, as tokio-postgres checks it
+/// (`SHOW transaction_read_only`, the connection driven meanwhile).
+async fn session_attrs(
+    config: &Config,
+    client: &Client,
+    connection: &mut PgConnection,
+) -> Result<(), String> {
+    let wanted = config.get_target_session_attrs();
+    if wanted == TargetSessionAttrs::Any {
+        return Ok(());
+    }
+    let query = client.simple_query("SHOW transaction_read_only");
+    tokio::pin!(query);
+    let messages = loop {
+        tokio::select! {
+            answered = &mut query => break answered.map_err(|e| describe(&e))?,
+            message = futures_util::future::poll_fn(|cx| connection.poll_message(cx)) => match message {
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(describe(&error)),
+                None => return Err("the server closed the connection".into()),
+            },
+        }
+    };
+    let read_only = messages.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    });
+    match (wanted, read_only.as_deref()) {
+        (TargetSessionAttrs::ReadWrite, Some("on")) => {
+            Err("error connecting to server: database does not allow writes".into())
+        }
+        (TargetSessionAttrs::ReadOnly, Some("off")) => {
+            Err("error connecting to server: database is not read only".into())
+        }
+        _ => Ok(()),
     }
 }
 

@@ -12,6 +12,7 @@ mod keywords;
 mod pgpass;
 mod quote;
 mod service;
+mod socket;
 mod syntax;
 mod tls;
 

@@ -14,7 +14,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::{RootCertStore, SupportedProtocolVersion};
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use tokio_postgres::config::{Host, SslNegotiation};
@@ -164,8 +163,10 @@ pub(super) struct TlsSettings {
 }
 
 /// Type of a tokio-postgres connection opened by [`ConnectionOptions::connect`](super::ConnectionOptions::connect).
-pub type PgConnection =
-    tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+pub type PgConnection = tokio_postgres::Connection<
+    super::socket::PgSocket,
+    <MakeRustlsConnect as MakeTlsConnect<super::socket::PgSocket>>::Stream,
+>;
 
 impl TlsSettings {
     /// The rustls connector for these settings, reading the files they name.
