@@ -108,6 +108,33 @@ RSpec.describe "the pgbus surface" do
                                               "HubClient.new(dispatch_queue:)")
   end
 
+  # pgbus's streams on a shared ActiveRecord connection (a Proc): no listener of ours can be built
+  # from it, so pgbus's own classes serve, as without this gem (pgbus's own specs run that way).
+  PROC_CONNECTION = <<~RUBY
+    require "pgbus"
+    require "pgbus/hub"
+    Pgbus.logger = Logger.new(File::NULL)
+    Pgbus.configure { |c| c.streams_enabled = true; c.database_url = -> { nil } }
+    ENV["PGBUS_STREAMS_HUB_SOCKET"] = "/nonexistent/hub.sock"
+    streamer = Pgbus::Web::Streamer
+    built = if defined?(streamer::HubClient)
+              streamer::HubClient.new(socket_path: ENV["PGBUS_STREAMS_HUB_SOCKET"], dispatch_queue: Queue.new)
+            else
+              streamer::Listener.new(pg_connection: nil, dispatch_queue: Queue.new, health_check_ms: 250)
+            end
+    puts built.class.name
+  RUBY
+
+  %w[pre382 v382].each do |shape|
+    it "#{shape}: with a Proc connection pgbus's own hub client or listener is built, not ours" do
+      out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.join(ROOT, "lib"),
+                                        "-I", File.join(ROOT, "spec/support/pgbus_standin", shape, "lib"),
+                                        "-e", PROC_CONNECTION)
+      expect(status).to be_success, err
+      expect(out.strip).to eq(shape == "pre382" ? "Pgbus::Web::Streamer::Listener" : "Pgbus::Web::Streamer::HubClient")
+    end
+  end
+
   it "docs/pgbus-surface.md shows the list as it is (rake docs:surface writes its tables)" do
     expect(PgbusSurfaceDoc.current?).to be(true), "run rake docs:surface"
   end

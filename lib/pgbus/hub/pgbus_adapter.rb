@@ -46,6 +46,14 @@ module Pgbus
           )
         end
 
+        # master_options, or nil where pgbus's own classes serve a worker: streams off, or a
+        # connection the hub cannot use (a Proc: pgbus's streamer refuses it too, and says why).
+        def worker_options
+          master_options
+        rescue Error
+          nil
+        end
+
         private
 
         def install_shape(shape)
@@ -116,7 +124,7 @@ module Pgbus
       # (its fallback connects afresh) and pgbus's connection is closed.
       module ListenerNew
         def new(**kwargs)
-          options = PgbusAdapter.master_options
+          options = PgbusAdapter.worker_options
           return super unless options && Hub.hub_served?(options)
 
           kwargs[:pg_connection]&.close

@@ -7,9 +7,14 @@ module Pgbus
     # pgbus's own FailoverListener stays on a connection of its own until the worker recycles; ours
     # comes back once a hub answers at the socket again (a restarted sidecar), so it never reports the
     # hub's failure to pgbus's: on_failure goes unused, and so does ack_timeout (ours waits one LISTEN budget).
+    # Where our listener cannot be built from pgbus's configuration (streams off, a Proc connection),
+    # pgbus's own client serves, as without this gem. The configuration read is pgbus's global one
+    # (what pgbus's Instance uses unless a test hands it another: HubClient.new is not given it).
     module PgbusHubClient
-      def new(socket_path:, dispatch_queue:, logger: nil, **)
-        FailoverListenerAsHubClient.new(socket_path, dispatch_queue, logger, self::HubUnavailableError)
+      def new(**keywords)
+        options = PgbusAdapter.worker_options or return super
+        FailoverListenerAsHubClient.new(keywords.fetch(:socket_path), keywords.fetch(:dispatch_queue), keywords[:logger],
+                                        self::HubUnavailableError, options)
       end
     end
 
@@ -18,18 +23,18 @@ module Pgbus
     class FailoverListenerAsHubClient
       attr_reader :listener
 
-      def initialize(socket_path, dispatch_queue, logger, unavailable_error)
+      def initialize(socket_path, dispatch_queue, logger, unavailable_error, options)
         @socket_path = socket_path
         @worker = { dispatch_queue: dispatch_queue, logger: logger }
         @unavailable_error = unavailable_error
+        @options = options
       end
 
       # pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
       def connect
         return self if @listener
 
-        options = PgbusAdapter.master_options or raise Error, "pgbus streams are not enabled"
-        @listener = Hub.worker_listener(options, socket_path: @socket_path, **@worker)
+        @listener = Hub.worker_listener(@options, socket_path: @socket_path, **@worker)
         self
       rescue StandardError => e
         raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"

@@ -18,6 +18,8 @@ module Pgbus
         PG.connect(**opts).tap do |conn|
           variables.each { |name, value| conn.exec("SET #{name} = #{conn.escape_literal(value.to_s)}") }
         end
+      when Proc
+        raise ConfigurationError, "Streamer cannot use a Proc-based connection_options (a shared connection)"
       else
         raise ConfigurationError, "unsupported connection options: #{options.class}"
       end

@@ -43,10 +43,9 @@ module Pgbus
     end
 
     def streams_connection_options
-      options = streams_database_url || connection_options
-      raise ConfigurationError, "the streamer needs a dedicated connection, not a Proc" if options.is_a?(Proc)
-
-      options
+      # A Proc (a shared ActiveRecord connection) is returned as it is, as pgbus does: its streamer
+      # refuses it where it connects (DedicatedConnection here).
+      streams_database_url || connection_options
     end
 
     def queue_name(stream)
