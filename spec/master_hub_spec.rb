@@ -268,7 +268,7 @@ RSpec.describe Pgbus::Hub::MasterHub do
   end
 
   it "connects from a Hash of libpq keywords with variables, over TLS with sslmode=require" do
-    params = PG::Connection.conninfo_parse(TestDatabase.url).select { |o| o[:val] }.to_h { |o| [o[:keyword].to_sym, o[:val]] }
+    params = TestDatabase.conninfo
     connection = params.merge(host: "127.0.0.1", port: params.fetch(:port, "5432"), sslmode: "require",
                               application_name: "pgbus-listen-tls", variables: { statement_timeout: "5s" })
     hub = start_hub(connection: connection)

@@ -18,6 +18,15 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
     [out, st.exitstatus]
   end
 
+  # `--database-url` counts the census with the pg gem; on a Ruby without it (3.4 in CI) the
+  # report says why instead, and the rest of the report stands.
+  def expect_census(report)
+    return yield(report) if defined?(PG)
+
+    expect(report).not_to have_key("census")
+    expect(report["census_error"]).to start_with("LoadError")
+  end
+
   it "reports a healthy hub (exit 0), with counters and the census" do
     skip "no PostgreSQL" unless TestDatabase.available?
     Dir.mktmpdir do |dir|
@@ -33,7 +42,7 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       expect(code).to eq(0), out
       report = JSON.parse(out)
       expect(report).to include("status" => "healthy")
-      expect(report["census"]).to be >= 1
+      expect_census(report) { expect(report["census"]).to be >= 1 }
       out, code = status("--socket", hub.socket_path)
       expect([code, out]).to match([0, /healthy.*workers: \d+/m])
     ensure
@@ -140,8 +149,10 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       out, code = status("--socket", hub.socket_path, "--json", "--database-url", TestDatabase.url)
       expect(code).to eq(0), out
       report = JSON.parse(out)
-      expect(report["census"]).to eq(1)
-      expect(report["census_server_wide"]).to be >= 2
+      expect_census(report) do
+        expect(report["census"]).to eq(1)
+        expect(report["census_server_wide"]).to be >= 2
+      end
 
       # An outage that ended: the error is kept, dated, and shown as resolved.
       TestDatabase.with { |c| c.exec_params("select pg_terminate_backend($1)", [stats[:backend_pid]]) }

@@ -23,7 +23,7 @@ RSpec.describe "reliability 4: SIGSTOPped worker during an ephemeral storm", :re
       healthy.each { |w| w.sub("lat") }
       baseline = Array.new(100) { |i| probe(healthy, "lat", "base-#{i}") }
       victim.signal("STOP")
-      storm_conn = PG.connect(Rel.url)
+      storm_conn = TestDatabase.connect(Rel.url)
       payload = "s" * 4000
       sent = 0
       usage = []

@@ -1,8 +1,14 @@
 # frozen_string_literal: true
 
-require "pg"
 require "socket"
+require "uri"
 require_relative "wait"
+begin
+  require "pg"
+rescue LoadError
+  # A Ruby Debian builds no ruby-pg for (3.4 in CI): psql answers the suite's own queries.
+  require_relative "psql_connection"
+end
 
 # The real local PostgreSQL the suite talks to (no mocks). bin/setup creates
 # the pgbus_hub_test database; CI exports PGBUS_HUB_TEST_DATABASE_URL.
@@ -13,16 +19,33 @@ module TestDatabase
     ENV["PGBUS_HUB_TEST_DATABASE_URL"] || ENV["DATABASE_URL"] || "host=/var/run/postgresql dbname=pgbus_hub_test"
   end
 
-  def connect
-    PG.connect(url)
+  # The suite's own connection: ruby-pg's, else a psql session (PsqlConnection), which answers the
+  # same calls for what the specs do with it (census, NOTIFY, terminate, create a database).
+  def connect(server = url)
+    defined?(PG) ? PG.connect(server) : PsqlConnection.new(server)
+  end
+
+  def error_class = defined?(PG) ? PG::Error : PsqlConnection::Error
+
+  # A connection string (URL or keywords) as a Hash of its libpq keywords (symbols).
+  def conninfo(server = url)
+    return PG::Connection.conninfo_parse(server).select { |o| o[:val] }.to_h { |o| [o[:keyword].to_sym, o[:val]] } if defined?(PG)
+
+    if server.match?(%r{\Apostgres(?:ql)?://})
+      uri = URI.parse(server)
+      parts = { user: uri.user, password: uri.password, host: uri.host, port: uri.port&.to_s,
+                dbname: uri.path.delete_prefix("/") }.transform_values { |v| v && URI.decode_www_form_component(v) }
+      parts.merge(URI.decode_www_form(uri.query.to_s).to_h.transform_keys(&:to_sym)).reject { |_, v| v.nil? || v.empty? }
+    else
+      server.scan(/(\w+)\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))/).to_h { |key, quoted, bare| [key.to_sym, quoted ? quoted.gsub(/\\(.)/, '\1') : bare] }
+    end
   end
 
   # The test database's connection (URL or keywords) as a libpq keyword
   # string with some keywords replaced, e.g. keywords(host: "127.0.0.1").
   def keywords(**overrides)
-    given = PG::Connection.conninfo_parse(url).select { |o| o[:val] }.to_h { |o| [o[:keyword].to_sym, o[:val]] }
-    given.merge(overrides.transform_values(&:to_s))
-         .map { |key, value| "#{key}='#{value.gsub(/['\\]/) { |c| "\\#{c}" }}'" }.join(" ")
+    conninfo.merge(overrides.transform_values(&:to_s))
+            .map { |key, value| "#{key}='#{value.gsub(/['\\]/) { |c| "\\#{c}" }}'" }.join(" ")
   end
 
   # Set to 1 on a machine without PostgreSQL to let the specs that need it
@@ -32,9 +55,9 @@ module TestDatabase
 
   # A raw socket to the test database's server (for proxies between a client and it).
   def server_socket
-    info = PG::Connection.conninfo_parse(url).to_h { |o| [o[:keyword], o[:val]] }
-    host = info["host"] || "/var/run/postgresql"
-    port = (info["port"] || 5432).to_i
+    info = conninfo
+    host = info[:host] || "/var/run/postgresql"
+    port = (info[:port] || 5432).to_i
     host.start_with?("/") ? UNIXSocket.new(File.join(host, ".s.PGSQL.#{port}")) : TCPSocket.new(host, port)
   end
 
@@ -47,9 +70,9 @@ module TestDatabase
   # Whether `server` (a URL or keywords) answers. If not, raises (the example
   # fails) unless SKIP_VARIABLE lets the caller skip.
   def answers?(server)
-    PG.connect(server).close
+    connect(server).close
     true
-  rescue PG::Error => e
+  rescue error_class => e
     why = "PostgreSQL not reachable at #{server} (#{e.message.strip})"
     raise "#{why}; set #{SKIP_VARIABLE}=1 to skip the PostgreSQL specs on a machine without a server" unless ENV[SKIP_VARIABLE] == "1"
 

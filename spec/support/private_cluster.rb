@@ -2,6 +2,7 @@
 
 require "fileutils"
 require "tmpdir"
+require_relative "database"
 
 # A throwaway PostgreSQL cluster (initdb as the postgres user when run as root,
 # in a temp dir of its own, its own port) that scenarios may stop, restart and
@@ -60,8 +61,7 @@ class PrivateCluster
   def restart(mode = "fast") = pg_ctl("-m", mode, "restart")
 
   def connect(dbname: "postgres")
-    require "pg"
-    PG.connect(url(dbname: dbname))
+    TestDatabase.connect(url(dbname: dbname))
   end
 
   def destroy

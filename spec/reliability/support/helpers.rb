@@ -52,14 +52,16 @@ module Rel
       conn.exec("create database #{conn.quote_ident(DB)}") unless exists
     end
     @db_ready = true
-  rescue PG::DuplicateDatabase
+  rescue TestDatabase.error_class => e # created meanwhile by a parallel run
+    raise unless e.message.include?("already exists")
+
     @db_ready = true
   end
 
   def sql
     @sql = nil if @sql&.finished? || @sql_pid != Process.pid
     @sql_pid = Process.pid
-    @sql ||= PG.connect(url)
+    @sql ||= TestDatabase.connect(url)
   end
 
   def notify(queue, payload = "", conn: sql, prefix: "pgmq.q_", suffix: ".INSERT")
