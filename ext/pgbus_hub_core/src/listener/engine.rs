@@ -71,6 +71,8 @@ pub(super) struct Engine<F> {
     /// Listens waiting for a connection, in arrival order.
     pending: Vec<(String, Reply)>,
     healthy: bool,
+    /// The next `up` is a reconnect (catch-up, counted): after a lost
+    /// connection, or from the start for an engine replacing one that ended.
     ever_connected: bool,
     backoff_step: u32,
 }
@@ -99,6 +101,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             ever_connected: false,
             backoff_step: 0,
         }
+    }
+
+    /// This engine replaces one whose task ended: its first connection is a
+    /// reconnect (see [`super::respawn`]).
+    pub(super) fn resumed(mut self) -> Self {
+        self.ever_connected = true;
+        self
     }
 
     pub(super) async fn run(mut self) {
