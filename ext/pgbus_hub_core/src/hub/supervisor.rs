@@ -55,11 +55,23 @@ impl EngineSupervisor {
     }
 
     pub fn start(&mut self) {
+        self.spawn(None);
+    }
+
+    /// A new engine; `resumed`: the stats of the one it replaces, which the
+    /// new one keeps (reconnects, last error) and counts its first connection
+    /// in as a reconnect, with the catch-up wakes that follow one.
+    fn spawn(&mut self, resumed: Option<Arc<ListenerStats>>) {
         let from_engine = self.from_engine.clone();
-        let (handle, stats, task) = listener::spawn(self.config.clone(), move |event| {
+        let on_event = move |event| {
             // Fails only once the router is gone (stopping): nothing to deliver to.
             let _ = from_engine.send(FromEngine::Event(event));
-        });
+        };
+        let config = self.config.clone();
+        let (handle, stats, task) = match resumed {
+            None => listener::spawn(config, on_event),
+            Some(stats) => listener::respawn(config, stats, on_event),
+        };
         *lock(&self.shared.listener) = Some(stats.clone());
         self.engine = Some(Engine {
             handle,
@@ -70,6 +82,9 @@ impl EngineSupervisor {
 
     /// After the engine ended on its own: a new one, LISTENing `queues` (their
     /// subs were acked, or are pending, already: the answers need no reply).
+    /// For the subscribers it is a reconnect: once it LISTENs, each is owed a
+    /// catch-up wake per queue (a NOTIFY between the two engines reached
+    /// nobody), and the listener's stats carry on.
     pub fn restart<'a>(&mut self, queues: impl Iterator<Item = &'a str>) {
         self.shared
             .listener_restarts
@@ -77,7 +92,8 @@ impl EngineSupervisor {
         self.shared.log.error(
             "the LISTEN engine ended unexpectedly — restarting it and re-LISTENing every channel",
         );
-        self.start();
+        let stats = self.engine.take().map(|ended| ended.stats);
+        self.spawn(stats);
         if let Some(handle) = self.handle() {
             for queue in queues {
                 handle.listen_then(queue, |_| {});

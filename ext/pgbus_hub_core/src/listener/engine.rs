@@ -23,9 +23,10 @@ mod live;
 /// is detected within `health_check` + 2 s.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Deadline for a LISTEN/UNLISTEN batch (up to [`LISTEN_BATCH`] statements,
-/// also the re-LISTEN after a reconnect). Generous because a batch can be
-/// large; past it the connection is treated as broken and rebuilt.
+/// Deadline for the re-LISTEN after a reconnect (batches of up to
+/// [`LISTEN_BATCH`] statements), and the most a LISTEN/UNLISTEN on a live
+/// connection may take (see [`Engine::live_op_timeout`]). Past it the
+/// connection is treated as broken and rebuilt.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `UNLISTEN *` on stop is a courtesy (closing the session unlistens anyway):
@@ -71,6 +72,8 @@ pub(super) struct Engine<F> {
     /// Listens waiting for a connection, in arrival order.
     pending: Vec<(String, Reply)>,
     healthy: bool,
+    /// The next `up` is a reconnect (catch-up, counted): after a lost
+    /// connection, or from the start for an engine replacing one that ended.
     ever_connected: bool,
     backoff_step: u32,
 }
@@ -99,6 +102,26 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             ever_connected: false,
             backoff_step: 0,
         }
+    }
+
+    /// Deadline for a LISTEN/UNLISTEN batch on the live connection: the
+    /// health-check cycle plus [`crate::listener::LISTEN_ACK_MARGIN`] (pgbus's
+    /// own Listener's budget), at most [`OP_TIMEOUT`]. Subs wait behind it
+    /// (the engine reads no command meanwhile), and a worker waits the cycle
+    /// plus 2 s for its ack ([`crate::client::hub_ack_timeout`]): on a path
+    /// that black-holes (no answer, no RST), the connection is given up, and
+    /// the hub's workers told `healthy: false` (which acks their waiting subs),
+    /// a second before any worker would fail over. A batch of 500 LISTENs
+    /// takes milliseconds on a live server.
+    pub(super) fn live_op_timeout(&self) -> Duration {
+        crate::listener::listen_ack_timeout(self.config.health_check).min(OP_TIMEOUT)
+    }
+
+    /// This engine replaces one whose task ended: its first connection is a
+    /// reconnect (see [`super::respawn`]).
+    pub(super) fn resumed(mut self) -> Self {
+        self.ever_connected = true;
+        self
     }
 
     pub(super) async fn run(mut self) {
@@ -462,6 +485,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 Ok(None)
             }
             Err(OpError::Stopped) => Err(Exit::Stop),
+            // No answer: the connection is stuck (a black-holed path), and the
+            // subs queued behind this read would wait out a LISTEN's deadline
+            // after it. Given up now, as a failed health check would.
+            Err(OpError::Timeout) => Err(Exit::Lost(format!(
+                "reading large payload {id} for {channel:?} got no answer within {PROBE_TIMEOUT:?}"
+            ))),
             Err(error) => {
                 self.config.log.warn(format!(
                     "pgbus-hub listener: reading large payload {id} for {channel:?} failed: {} — not delivered",

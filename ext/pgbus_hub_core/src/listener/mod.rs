@@ -393,30 +393,39 @@ impl ListenerStats {
     }
 }
 
-/// Spawn the engine on the CURRENT tokio runtime. `on_event` is called from
-/// the engine task for each NOTIFY on a LISTENed channel and each health
-/// change. Cheap: call it again to restart an engine that ended.
-pub fn spawn(
-    config: ListenerConfig,
-    on_event: impl FnMut(Event) + Send + 'static,
-) -> (
+/// A spawned engine: its handle, its stats, its task.
+pub type Spawned = (
     ListenerHandle,
     Arc<ListenerStats>,
     tokio::task::JoinHandle<()>,
-) {
-    spawn_with_stats(config, Arc::new(ListenerStats::default()), on_event)
+);
+
+/// Spawn the engine on the CURRENT tokio runtime. `on_event` is called from
+/// the engine task for each NOTIFY on a LISTENed channel and each health
+/// change. To replace an engine that ended, see [`respawn`].
+pub fn spawn(config: ListenerConfig, on_event: impl FnMut(Event) + Send + 'static) -> Spawned {
+    spawn_engine(config, Arc::new(ListenerStats::default()), false, on_event)
 }
 
-/// [`spawn`] publishing into existing stats (keeps counters across a restart).
-pub fn spawn_with_stats(
+/// A new engine in place of one whose task ended: it publishes into the old
+/// engine's `stats` (reconnects and the last error are kept), and its first
+/// connection is a reconnect: counted in `reconnects`, followed by
+/// [`Event::CatchUp`] for every queue LISTENed on it, since nothing listened
+/// between the two engines (a NOTIFY then reached nobody).
+pub fn respawn(
     config: ListenerConfig,
     stats: Arc<ListenerStats>,
     on_event: impl FnMut(Event) + Send + 'static,
-) -> (
-    ListenerHandle,
-    Arc<ListenerStats>,
-    tokio::task::JoinHandle<()>,
-) {
+) -> Spawned {
+    spawn_engine(config, stats, true, on_event)
+}
+
+fn spawn_engine(
+    config: ListenerConfig,
+    stats: Arc<ListenerStats>,
+    resumed: bool,
+    on_event: impl FnMut(Event) + Send + 'static,
+) -> Spawned {
     let (commands, receiver) = mpsc::unbounded_channel();
     let (trigger, shutdown) = shutdown();
     let handle = ListenerHandle {
@@ -424,6 +433,7 @@ pub fn spawn_with_stats(
         stop: Arc::new(trigger),
     };
     let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event);
+    let engine = if resumed { engine.resumed() } else { engine };
     let join = tokio::spawn(engine.run());
     (handle, stats, join)
 }

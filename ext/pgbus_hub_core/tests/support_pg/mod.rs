@@ -96,7 +96,8 @@ pub fn census(sql: &mut postgres::Client, tag: &str) -> i64 {
 
 /// A TCP proxy in front of the test server that can be frozen: while frozen
 /// it forwards nothing either way (the server looks hung, the connection
-/// stays open). For tests that need a stop to be slow.
+/// stays open: packets dropped, no RST), until thawed. For tests that need a
+/// stop to be slow, or a database path that black-holes.
 pub struct FreezableProxy {
     pub url: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -144,6 +145,13 @@ impl FreezableProxy {
 
     pub fn freeze(&self) {
         self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Forwards again, what it held first: the path was a black hole, not a
+    /// reset (no connection through it was closed meanwhile).
+    pub fn thaw(&self) {
+        self.frozen
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

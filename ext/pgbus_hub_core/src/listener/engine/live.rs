@@ -1,7 +1,7 @@
 //! The engine's LISTEN and UNLISTEN on a live connection: requests batched
 //! into one round trip, a refused name answered alone, the set kept in step.
 
-use super::{listen_sql, op, op_reason, Engine, Exit, OpError, LISTEN_BATCH, OP_TIMEOUT};
+use super::{listen_sql, op, op_reason, Engine, Exit, OpError, LISTEN_BATCH};
 use crate::conninfo::{describe, Connected};
 use crate::listener::{Command, Event, ListenError, Reply};
 
@@ -64,10 +64,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let mut channels: Vec<String> = batch.iter().map(|(c, _)| c.clone()).collect();
         channels.dedup();
         let sql = listen_sql("LISTEN", &channels);
+        let deadline = self.live_op_timeout();
         match op(
             self.shutdown.clone(),
             session.client.batch_execute(&sql),
-            OP_TIMEOUT,
+            deadline,
         )
         .await
         {
@@ -108,9 +109,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 Some(Exit::Stop)
             }
             Err(error) => {
-                // The connection broke: these wait for reconnect + re-LISTEN.
+                // The connection broke, or did not answer within the deadline:
+                // these wait for reconnect + re-LISTEN.
                 self.pending.extend(batch);
-                Some(Exit::Lost(format!("LISTEN failed: {}", op_reason(&error))))
+                Some(Exit::Lost(format!(
+                    "LISTEN failed: {} (deadline {deadline:?})",
+                    op_reason(&error)
+                )))
             }
         }
     }
@@ -118,10 +123,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     pub(super) async fn unlisten_live(&mut self, session: &Connected, queue: &str) -> Option<Exit> {
         let channel = self.forget(queue)?;
         let sql = listen_sql("UNLISTEN", &[channel]);
+        let deadline = self.live_op_timeout();
         match op(
             self.shutdown.clone(),
             session.client.batch_execute(&sql),
-            OP_TIMEOUT,
+            deadline,
         )
         .await
         {
@@ -136,7 +142,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 None
             }
             Err(error) => Some(Exit::Lost(format!(
-                "UNLISTEN failed: {}",
+                "UNLISTEN failed: {} (deadline {deadline:?})",
                 op_reason(&error)
             ))),
         }
