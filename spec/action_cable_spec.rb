@@ -3,8 +3,14 @@
 require_relative "support/puma_apps/e2e_helpers"
 require_relative "support/serve_process"
 
-CABLE_GEMS = %w[actioncable activerecord websocket-driver].freeze
-CABLE_MISSING = CABLE_GEMS.reject { |name| Gem::Specification.find_all_by_name(name).any? }
+# Each gem installed, or its library on the load path (a Ruby whose gems were built by hand).
+CABLE_GEMS = { "actioncable" => "action_cable", "activerecord" => "active_record",
+               "websocket-driver" => "websocket/driver" }.freeze
+CABLE_MISSING = CABLE_GEMS.reject do |name, feature|
+  Gem::Specification.find_all_by_name(name).any? || $LOAD_PATH.resolve_feature_path(feature)
+rescue LoadError
+  false
+end.keys
 require_relative "support/cable_client" if CABLE_MISSING.empty?
 
 # `adapter: pgbus_hub` on a real 4-worker Puma cluster (preload_app!, plugin
@@ -187,8 +193,8 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
 
   it "without a hub LISTENs on the process's own connection (cable.yml url), and a forked child builds its own" do
     script = File.join(__dir__, "support/cable_app/fork_check.rb")
-    out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => File.join(ROOT, "lib") },
-                   [RbConfig.ruby, script], &:read)
+    rubylib = [File.join(ROOT, "lib"), *ENV["RUBYLIB"].to_s.split(File::PATH_SEPARATOR)].join(File::PATH_SEPARATOR)
+    out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => rubylib }, [RbConfig.ruby, script], &:read)
     report = JSON.parse(out)
     threads = ["pgbus-hub listener log", "pgbus-hub listener pump"]
     # subscribed (success callback), then an inline and a 20 KB broadcast received, in the parent and in the child

@@ -25,8 +25,9 @@ module ActionCable
         )
       end
 
-      def initialize(*)
+      def initialize(server)
         super
+        @server = server # Rails 8.2's Base keeps only its executor and config
         @lock = Mutex.new
         @url = @server.config.cable.to_h.transform_keys(&:to_s)["url"] # fixed for the server's life; read per broadcast
       end
@@ -60,6 +61,10 @@ module ActionCable
 
       private
 
+      # Where Rails' own adapter runs callbacks: 8.2's executor, else this process's event loop
+      # (asked here, in the process subscribing: one built before a fork is the parent's).
+      def callback_executor = instance_variable_defined?(:@executor) ? @executor : @server.event_loop
+
       # Rails' identifier: PostgreSQL truncates channel names at 63 bytes.
       def channel_identifier(channel) = channel.size > 63 ? OpenSSL::Digest::SHA1.hexdigest(channel) : channel
 
@@ -68,7 +73,7 @@ module ActionCable
       def subscriptions
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
-          @subscriptions ||= Subscriptions.new(@server.event_loop) do |wakes, on_listening|
+          @subscriptions ||= Subscriptions.new(callback_executor) do |wakes, on_listening|
             Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening,
                                                        logger: logger)
           end

@@ -10,12 +10,16 @@ module Pgbus
                                *(DEFAULTS.keys - %i[ack_timeout]), keyword_init: true) do
       def initialize = super(listen_scope: :master, **DEFAULTS.except(:ack_timeout))
 
-      members.each do |key|
-        define_method(:"#{key}=") do |value|
-          self[key] = Hub.check_setting(key, value)
-          Boot.setting_changed(key)
+      # Prepended over Struct's own setters (redefining them warns under -W).
+      keys = members
+      prepend(Module.new do
+        keys.each do |key|
+          define_method(:"#{key}=") do |value|
+            super(Hub.check_setting(key, value))
+            Boot.setting_changed(key)
+          end
         end
-      end
+      end)
 
       # What the master hub starts with (:scope and :source say whether and why).
       def master_options(**from_pgbus)

@@ -58,7 +58,8 @@ class PumaCluster
       libs = @options[:order] == :pgbus_first ? [*pgbus, ours] : [ours, *pgbus]
     end
     {
-      "RUBYLIB" => libs.join(File::PATH_SEPARATOR), # survives the hot-restart exec
+      # survives the hot-restart exec; this process's RUBYLIB after ours (gems built by hand for a Ruby)
+      "RUBYLIB" => [*libs, *ENV["RUBYLIB"].to_s.split(File::PATH_SEPARATOR)].join(File::PATH_SEPARATOR),
       "PGBUS_E2E_MODE" => @options[:mode].to_s,
       "PGBUS_E2E_PORT" => @port.to_s,
       "PGBUS_E2E_STATE_DIR" => @state_dir,

@@ -8,14 +8,14 @@ module ActionCable
       # never holds the map's lock) and asks again while one is not confirmed.
       # A success callback waits for its own LISTEN (the listen ticket tells it
       # from an earlier one of the same channel); callbacks and messages are
-      # posted on the server's event loop, as Rails' adapter does.
+      # posted where Rails' adapter posts them (the event loop; 8.2: the executor).
       class Subscriptions < SubscriberMap
         KEY_PREFIX = Pgbus::Hub.channel_key("")
 
         # The block builds the listener for a dispatch queue and an on_listening callback.
-        def initialize(event_loop, &build_listener)
+        def initialize(callbacks, &build_listener)
           super()
-          @event_loop = event_loop
+          @callbacks = callbacks
           @owner_pid = ::Process.pid
           @confirming = {} # channel => [listen ticket, success callback]
           @confirming_lock = Mutex.new
@@ -38,7 +38,7 @@ module ActionCable
         end
 
         def invoke_callback(*)
-          @event_loop.post { super }
+          @callbacks.post { super }
         end
 
         # The listener's dispatch queue: a NOTIFY of a channel.
@@ -52,7 +52,7 @@ module ActionCable
           confirmed = @confirming_lock.synchronize do
             @confirming.delete(channel) if @confirming[channel]&.first == ticket
           end
-          @event_loop.post(&confirmed.last) if confirmed
+          @callbacks.post(&confirmed.last) if confirmed
         end
       end
     end
