@@ -5,6 +5,7 @@ module Soak
   # fault to the next one; the first also from the start), and prints both
   # adapters side by side.
   class Report
+    IN_FLIGHT = 0.25
     def initialize(apps, pubs:, fires:, samples:, snapshots:, t0:, finish:, stop_times:, publish_errors:, settings:)
       @apps = apps
       @pubs = pubs
@@ -16,7 +17,8 @@ module Soak
       @stop_times = stop_times
       @publish_errors = publish_errors
       @settings = settings
-      @starts = fires.map { |f| f[:at] }
+      # A message published just before a fault is still in flight at it: it counts for that fault.
+      @starts = fires.map { |f| f[:at] - IN_FLIGHT }
       @starts[0] = t0 unless @starts.empty?
     end
 
@@ -81,7 +83,7 @@ module Soak
       end
       per.each_with_index.map do |w, i|
         lat = w.delete(:latencies).sort
-        w[:lost_examples].map! { |name, seq, pid, t| { client: name, seq: seq, worker: pid, after_fault_s: (t - @starts[i]).round(2) } }
+        w[:lost_examples].map! { |name, seq, pid, t| { client: name, seq: seq, worker: pid, after_fault_s: (t - @fires[i][:at]).round(2) } }
         span = w[:lost_span].map { |t| (t - @fires[i][:at]).round(2) }
         w.merge(lost_connected: w[:lost_connected].to_h, duplicates: w[:duplicates].to_h, out_of_order: w[:out_of_order].to_h,
                 lost_span_s: span, latency_ms: { p50: ms(pct(lat, 50)), p99: ms(pct(lat, 99)), max: ms(lat.last) })

@@ -5,5 +5,7 @@
 $LOAD_PATH.unshift File.expand_path("../../../lib", __dir__)
 require_relative "runner"
 
+$stdout.sync = true # each fault's line as it happens (rake soak's output is often a file)
+
 data = Soak::Runner.new.run
 exit(data[:totals].fetch("pgbus_hub")[:stopped_cleanly] ? 0 : 1)

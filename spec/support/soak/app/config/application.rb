@@ -23,7 +23,8 @@ class SoakApp < Rails::Application
   config.root = File.expand_path("..", __dir__)
   config.eager_load = true
   config.secret_key_base = "soak-#{'0' * 60}"
-  config.logger = Logger.new($stdout, level: Logger::WARN)
+  config.logger = Logger.new($stdout)
+  config.log_level = :warn # Rails' default is :debug: a line per message and client (ActionCable's "transmitting")
   config.hosts.clear
   config.action_cable.mount_path = "/cable"
   config.action_cable.disable_request_forgery_protection = true # the test clients send no Origin
