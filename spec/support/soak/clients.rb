@@ -55,7 +55,7 @@ module Soak
           if (confirmed = wait_confirmed(connection))
             pause = 0.2
             index = @lock.synchronize { (@sessions << Session.new(*confirmed, nil)).size - 1 }
-            sleep 0.05 until @stopping || ended_at(connection)
+            sleep 0.05 until @stopping || ended_at(connection) || Soak.now > @deadline
           end
         rescue IOError, SystemCallError
           nil # refused or reset: try again
