@@ -8,14 +8,14 @@ require "websocket/driver"
 # subscribes to RoomChannel rooms and records every message with its arrival
 # time (CLOCK_REALTIME: the broadcaster stamps sent_at on the same host).
 class CableClient
-  attr_reader :url, :pid
+  attr_reader :url, :pid, :closed_at
 
-  def initialize(port)
+  def initialize(port, connect_timeout: nil)
     @url = "ws://127.0.0.1:#{port}/cable"
-    @socket = TCPSocket.new("127.0.0.1", port)
+    @socket = Socket.tcp("127.0.0.1", port, connect_timeout: connect_timeout)
     @lock = Mutex.new
     @messages = []
-    @confirmed = []
+    @confirmed = {} # identifier => when (CLOCK_REALTIME)
     @driver = WebSocket::Driver.client(self)
     @driver.on(:message) { |event| receive(JSON.parse(event.data)) }
     @driver.start
@@ -23,6 +23,8 @@ class CableClient
       loop { @driver.parse(@socket.readpartial(1 << 16)) }
     rescue IOError, SystemCallError
       nil # closed
+    ensure
+      @closed_at = Process.clock_gettime(Process::CLOCK_REALTIME)
     end
   end
 
@@ -35,7 +37,13 @@ class CableClient
     @driver.text(JSON.generate(command: "subscribe", identifier: identifier(room)))
   end
 
-  def confirmed?(room) = @lock.synchronize { @confirmed.include?(identifier(room)) }
+  def confirmed?(room) = @lock.synchronize { @confirmed.key?(identifier(room)) }
+
+  # When the server confirmed the subscription to room (CLOCK_REALTIME), nil before.
+  def confirmed_at(room) = @lock.synchronize { @confirmed[identifier(room)] }
+
+  # The connection ended (either side): closed_at says when.
+  def closed? = !@reader.alive?
 
   # [[room, message, received_at], ...]
   def messages = @lock.synchronize { @messages.dup }
@@ -53,7 +61,7 @@ class CableClient
     at = Process.clock_gettime(Process::CLOCK_REALTIME)
     @lock.synchronize do
       case frame["type"]
-      when "confirm_subscription" then @confirmed << frame["identifier"]
+      when "confirm_subscription" then @confirmed[frame["identifier"]] = at
       when nil
         message = frame["message"]
         next @pid = message["pid"] if message.is_a?(Hash) && message.keys == ["pid"]

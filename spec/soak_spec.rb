@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+# The soak's short form (docs/operations.md, "Soak: a fault a minute"): the
+# Rails 7.2 app of spec/support/soak on a private cluster, 16 WebSocket + 16
+# streaming HTTP clients, four faults 30 s apart (terminate the LISTEN backend,
+# kill -9 a worker, SIGSTOP a worker for 15 s, USR2 to the master), pgbus_hub
+# only. Opt-in (about 2.5 minutes, Rails 7.2: the trixie chroot): PGBUS_HUB_SOAK=1,
+# or `rake soak SHORT=1`. PGBUS_SOAK_* variables override its settings.
+RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
+  SHORT_FORM = { "PGBUS_SOAK_FAULTS" => "terminate_listen,kill9,sigstop,usr2", "PGBUS_SOAK_INTERVAL" => "30",
+                 "PGBUS_SOAK_MINUTES" => "2", "PGBUS_SOAK_CONTROL" => "0" }.freeze
+
+  before do
+    skip "opt-in: PGBUS_HUB_SOAK=1 or rake soak SHORT=1" unless ENV["PGBUS_HUB_SOAK"] == "1"
+    require_relative "support/soak/runner" # needs pg, puma and Rails 7.2: loaded only when asked for
+    skip "no PostgreSQL binaries for a private cluster" unless PrivateCluster.available?
+  end
+
+  it "loses no message while a client is connected, the census back to 1 after each fault" do
+    settings = Soak::Settings.from_env(SHORT_FORM.merge(ENV.to_h.select { |key, _| key.start_with?("PGBUS_SOAK_") }))
+    data = Soak::Runner.new(settings).run
+    expect(data[:windows].map { |w| w[:fault] }).to eq(settings.faults.cycle.first(settings.fault_count))
+    data[:windows].each do |window|
+      hub = window[:apps].fetch("pgbus_hub")
+      expect(hub[:census][:settle_s]).not_to be_nil, "census not back to 1 after #{window[:fault]}: #{hub[:census]}"
+      expect(hub[:census][:peak]).to eq(1)
+      lost = hub[:lost_connected].values.sum
+      if window[:fault] == "terminate_listen"
+        # A NOTIFY committed in the reconnect's gap (~10 ms) reaches nobody: only those may be lost.
+        expect(hub[:lost_span_s].max || 0).to be < 1.0, "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
+      else
+        expect(lost).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
+      end
+      expect(hub[:duplicates]).to be_empty
+    end
+    expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
+  end
+end
