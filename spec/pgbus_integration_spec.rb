@@ -38,7 +38,7 @@ RSpec.describe "pgbus integration" do
       expect(r["no_socket_listener"]).to eq("Pgbus::Web::Streamer::Listener")
       # pre-hub pgbus gets our FailoverListener; 0.13.1+ keeps its own, over ours (as its hub client)
       expect(r["hub_listener"]).to eq(shape == "pre382" ? "Pgbus::Hub::FailoverListener" : "Pgbus::Web::Streamer::FailoverListener")
-      expect(r["our_listener"]).to eq("Pgbus::Hub::FailoverListener")
+      expect(r["our_listener"]).to eq(shape == "pre382" ? "Pgbus::Hub::FailoverListener" : "Pgbus::Hub::FailoverListenerAsHubClient")
       expect(r["subscribe"]).to eq("done")
       expect(r["hub_workers"]).to eq(1)
       expect(r["failed_over"]).to be(true)

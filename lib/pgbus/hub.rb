@@ -14,7 +14,6 @@ rescue LoadError
                    "or run rake compile in a checkout"
 end
 require_relative "hub/configuration"
-require_relative "hub/stale_sockets"
 require_relative "hub/boot"
 require_relative "hub/puma_plugin"
 require_relative "hub/pgbus_surface"

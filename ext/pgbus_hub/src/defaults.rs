@@ -20,6 +20,15 @@ fn socket_name(pid: magnus::Value) -> Result<String, Error> {
     ))
 }
 
+/// `Pgbus::Hub.stale_sockets(dir)`: the hub sockets in `dir` that hubs killed
+/// without cleanup left (what a hub starting there removes), sorted.
+fn stale_sockets(dir: String) -> Vec<String> {
+    hub::stale_sockets(std::path::Path::new(&dir))
+        .into_iter()
+        .map(|path| path.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// `Pgbus::Hub.channel_key(name)`: what `ensure_listening` takes to LISTEN on
 /// raw channel `name` (verbatim, ActionCable's) instead of a pgbus queue.
 fn channel_key(name: String) -> String {
@@ -71,6 +80,7 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     hub_module.const_set("LARGE_PAYLOAD_INSERT", protocol::large_payload_insert())?;
     hub_module.const_set("NOTIFY_PAYLOAD_LIMIT", protocol::NOTIFY_PAYLOAD_LIMIT)?;
     hub_module.define_module_function("socket_name", function!(socket_name, 1))?;
+    hub_module.define_module_function("stale_sockets", function!(stale_sockets, 1))?;
     hub_module.define_module_function("listen_ack_timeout", function!(listen_ack_timeout, 1))?;
     hub_module.define_module_function("hub_ack_timeout", function!(hub_ack_timeout, 1))?;
     Ok(())

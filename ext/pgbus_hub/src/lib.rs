@@ -1,6 +1,6 @@
-//! Ruby binding for pgbus-hub-core. Converts between Ruby and the core; no
-//! logic of its own (which listener a worker gets, ActiveRecord's keys and
-//! pgbus's scope check are Ruby glue in `lib/`).
+//! Ruby binding for pgbus-hub-core. Converts between Ruby and the core (an
+//! ActiveRecord configuration into a connection too); no logic of its own
+//! (which listener a worker gets and pgbus's scope check are Ruby glue in `lib/`).
 //!
 //! One file per Ruby class (each ends in an `init`); each class's keywords
 //! are checked and parsed once into its typed options (`options`); errors

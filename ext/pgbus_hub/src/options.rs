@@ -267,6 +267,55 @@ fn scope_name(value: Value) -> Result<Option<String>, Error> {
         .transpose()
 }
 
+/// The libpq keywords an ActiveRecord configuration passes on to the hub, by
+/// their libpq names (docs/configuration.md, "Connection options").
+const ACTIVE_RECORD_LIBPQ_KEYS: [&str; 9] = [
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "connect_timeout",
+    "options",
+    "variables",
+];
+
+/// `Pgbus::Hub.active_record_connection(config)`: the connection for an
+/// ActiveRecord database configuration: its url, else its libpq keywords
+/// (database and username as dbname and user; values as Strings but
+/// `variables`); adapter-only keys (pool, encoding, ...) and nils left out.
+fn active_record_connection(ruby: &Ruby, config: RHash) -> Result<Value, Error> {
+    let url = [
+        ruby.to_symbol("url").as_value(),
+        ruby.str_new("url").as_value(),
+    ]
+    .into_iter()
+    .find_map(|key| config.get(key).filter(|url| !url.is_nil()));
+    if let Some(url) = url {
+        return Ok(url);
+    }
+    let libpq = ruby.hash_new();
+    config.foreach(|key: Value, value: Value| {
+        let key: String = key.funcall("to_s", ())?;
+        let key = match key.as_str() {
+            "database" => "dbname",
+            "username" => "user",
+            other => other,
+        };
+        if !value.is_nil() && ACTIVE_RECORD_LIBPQ_KEYS.contains(&key) {
+            let value = if key == "variables" {
+                value
+            } else {
+                value.funcall("to_s", ())?
+            };
+            libpq.aset(ruby.to_symbol(key), value)?;
+        }
+        Ok(ForEach::Continue)
+    })?;
+    Ok(libpq.as_value())
+}
+
 /// The owner named in `Pgbus::Hub.configure`'s errors.
 const CONFIGURE: &str = "Pgbus::Hub.configure";
 
@@ -474,5 +523,9 @@ pub fn init(hub: magnus::RModule) -> Result<(), Error> {
     hub.define_module_function("options", magnus::function!(resolve, 2))?;
     hub.define_module_function("check_option", magnus::function!(check_option, 3))?;
     hub.define_module_function("check_setting", magnus::function!(check_setting, 2))?;
+    hub.define_module_function(
+        "active_record_connection",
+        magnus::function!(active_record_connection, 1),
+    )?;
     Ok(())
 }

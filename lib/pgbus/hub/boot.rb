@@ -43,6 +43,7 @@ module Pgbus
       class << self
         attr_reader :logger
 
+        # A master's (`pgbus-hub serve`'s: "serve"; a glob's: "*").
         def default_socket_path(pid = ::Process.pid) = File.join(Dir.tmpdir, Hub.socket_name(pid))
         def armed? = @armed_pid == ::Process.pid
 
@@ -139,7 +140,6 @@ module Pgbus
         end
 
         def start(options)
-          StaleSockets.remove(@logger)
           SharedHub.start(socket_path: @socket_path, logger: @logger, **options)
           @logger&.info("[pgbus-hub] #{options[:source]} configuration: master hub started before fork (pid #{::Process.pid})")
         rescue StandardError => e

@@ -27,11 +27,6 @@ module Pgbus
       end
     end
 
-    ACTIVE_RECORD_KEYS = { "database" => "dbname", "username" => "user" }.freeze
-    # The libpq keywords an ActiveRecord configuration passes on to the hub
-    # (docs/configuration.md, "Connection options").
-    ACTIVE_RECORD_LIBPQ_KEYS = %w[host port dbname user password sslmode connect_timeout options variables].freeze
-
     class << self
       def configuration = (@configuration ||= Configuration.new)
       def configure = configuration.tap { |config| yield config }
@@ -72,25 +67,13 @@ module Pgbus
       # FailoverListener over the hub at +socket_path+ (default: the master's, when
       # it serves), else a Listener of its own.
       def worker_listener(options, socket_path: (ENV.fetch(DEFAULT_SOCKET_ENV) if hub_served?(options)), **worker)
-        keywords = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix).merge(worker)
+        keywords = listener_keywords(options).merge(worker)
         listener = socket_path ? FailoverListener.new(socket_path: socket_path, **keywords) : Listener.new(**keywords)
         listener.start
       end
 
-      # The connection for an ActiveRecord database configuration: its url, else
-      # its libpq keywords by their libpq names (database and username as dbname
-      # and user); adapter-only keys (pool, encoding, ...) are left out.
-      def active_record_connection(config)
-        url = config[:url] || config["url"]
-        return url if url
-
-        config.each_with_object({}) do |(key, value), libpq|
-          key = ACTIVE_RECORD_KEYS.fetch(key.to_s, key.to_s)
-          next if value.nil? || !ACTIVE_RECORD_LIBPQ_KEYS.include?(key)
-
-          libpq[key.to_sym] = key == "variables" ? value : value.to_s
-        end
-      end
+      # What a worker's listener takes of the hub +options+ describe.
+      def listener_keywords(options) = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix)
     end
   end
 end

@@ -3,7 +3,7 @@
 module Pgbus
   module Hub
     # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
-    # FailoverListener at pgbus's socket_path, behind that client's interface (docs/pgbus-surface.md).
+    # FailoverListener at pgbus's socket_path, answering that client's calls (docs/pgbus-surface.md).
     # pgbus's own FailoverListener stays on a connection of its own until the worker recycles; ours
     # comes back once a hub answers at the socket again (a restarted sidecar), so it never reports the
     # hub's failure to pgbus's: on_failure goes unused, and so does ack_timeout (ours waits one LISTEN budget).
@@ -13,49 +13,30 @@ module Pgbus
     module PgbusHubClient
       def new(**keywords)
         options = PgbusAdapter.worker_options or return super
-        FailoverListenerAsHubClient.new(keywords.fetch(:socket_path), keywords.fetch(:dispatch_queue), keywords[:logger],
-                                        self::HubUnavailableError, options)
+        FailoverListenerAsHubClient.new(self::HubUnavailableError, **Hub.listener_keywords(options),
+                                        socket_path: keywords.fetch(:socket_path),
+                                        dispatch_queue: keywords.fetch(:dispatch_queue), logger: keywords[:logger])
       end
     end
 
-    # The calls pgbus's Instance, FailoverListener and shutdown make on a hub client
-    # (docs/pgbus-surface.md), answered by our FailoverListener, started at `connect`.
-    class FailoverListenerAsHubClient
-      attr_reader :listener
-
-      def initialize(socket_path, dispatch_queue, logger, unavailable_error, options)
-        @socket_path = socket_path
-        @worker = { dispatch_queue: dispatch_queue, logger: logger }
+    # The calls pgbus's Instance, FailoverListener and shutdown make on a hub client that a
+    # FailoverListener does not answer under the same name. Started at `connect`; after `stop`
+    # ensure_listening is nil and the hub neither healthy nor dead, so pgbus never opens a
+    # connection of its own while shutting down.
+    class FailoverListenerAsHubClient < FailoverListener
+      def initialize(unavailable_error, **keywords)
         @unavailable_error = unavailable_error
-        @options = options
+        super(**keywords)
       end
 
-      # pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
+      # Idempotent (start is). pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
       def connect
-        return self if @listener
-
-        @listener = Hub.worker_listener(@options, socket_path: @socket_path, **@worker)
-        self
+        start
       rescue StandardError => e
         raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"
       end
 
-      # nil (not confirmed) before connect and after stop: never a fresh connection of pgbus's while shutting down.
-      def ensure_listening(queue) = (@listener.ensure_listening(queue) if live?)
-      def remove_listening(queue) = (@listener.remove_listening(queue) if live?)
-      def hub_healthy? = live? && @listener.hub_healthy?
-      def dead? = live? && @listener.failed_over?
-      def threads = @listener ? @listener.threads : []
-
-      def stop
-        @stopped = true
-        @listener&.stop
-        self
-      end
-
-      private
-
-      def live? = !@listener.nil? && !@stopped
+      def dead? = failed_over?
     end
   end
 end

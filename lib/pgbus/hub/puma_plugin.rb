@@ -9,16 +9,15 @@ module Pgbus
     PumaLog = Struct.new(:writer) do
       def self.logger(launcher) = new(launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events)
 
+      LEVELS = %w[DEBUG INFO WARN ERROR FATAL].freeze
+
       def add(severity, message = nil, progname = nil)
-        label = %w[DEBUG INFO WARN ERROR FATAL].fetch(severity, "ANY")
+        label = LEVELS.fetch(severity, "ANY")
         writer.log("#{label} #{message || progname}") unless label == "DEBUG"
         true
       end
 
-      def debug(message) = add(0, message)
-      def info(message) = add(1, message)
-      def warn(message) = add(2, message)
-      def error(message) = add(3, message)
+      LEVELS.each_with_index { |label, severity| define_method(label.downcase) { |message| add(severity, message) } }
     end
 
     # The one place that touches Puma, through its public plugin API (5.6 to

@@ -1,7 +1,5 @@
 # frozen_string_literal: true
 
-require "tmpdir"
-
 module Pgbus
   module Hub
     # `pgbus-hub serve`: the master hub as a foreground process of its own, for
@@ -10,10 +8,6 @@ module Pgbus
     # shares its one LISTEN connection. Puma's plugin attaches to it instead of
     # starting a hub of its own (Boot#before_fork).
     module Serve
-      # The socket when neither --socket, Pgbus::Hub.configure nor
-      # $PGBUS_STREAMS_HUB_SOCKET names one: stable across restarts (the app is
-      # told it once) and where `pgbus-hub status` looks.
-      def self.default_socket_path = File.join(Dir.tmpdir, Hub.socket_name("serve"))
 
       # "2026-12-04T23:59:01.123Z INFO [pgbus-hub] ..." lines on an IO that
       # SIGHUP reopens (logrotate's copy-less rotation).
@@ -38,7 +32,6 @@ module Pgbus
         logger = PumaLog.new(log_file)
         signals = Queue.new
         %w[TERM INT HUP].each { |signal| trap(signal) { signals << signal } }
-        StaleSockets.remove(logger)
         options = Hub.master_options.except(:scope, :source)
         hub = MasterHub.new(socket_path: socket_path, logger: logger, **options).start
         logger.info("[pgbus-hub] serving #{socket_path} (pid #{::Process.pid})")

@@ -44,8 +44,8 @@ end
 Pgbus::Web::Streamer.on_wake = ->(m) { got << m }
 instance = Pgbus::Web::Streamer.current
 report[:hub_listener] = instance.listener.class.name
-# pgbus 0.13.1+'s FailoverListener holds our FailoverListener as its hub client (older pgbus gets ours directly)
-ours = instance.listener.is_a?(Pgbus::Hub::FailoverListener) ? instance.listener : instance.listener.instance_variable_get(:@hub_client).listener
+# pgbus 0.13.1+'s FailoverListener holds ours (a FailoverListener subclass) as its hub client; older pgbus gets ours directly
+ours = instance.listener.is_a?(Pgbus::Hub::FailoverListener) ? instance.listener : instance.listener.instance_variable_get(:@hub_client)
 report[:our_listener] = ours.class.name
 report[:subscribe] = instance.subscribe("probe")
 report[:ephemeral] = deliver.call("eph")

@@ -13,6 +13,7 @@
 //! - [`registry`]: queue -> workers, refcounted (last ref out UNLISTENs).
 //! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
 //! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
+//! - [`stale`]: sockets other hubs left beside ours when killed (removed at start).
 
 mod command;
 mod outbox;
@@ -20,6 +21,7 @@ mod pending;
 mod registry;
 mod router;
 pub mod server;
+mod stale;
 mod supervisor;
 mod worker;
 
@@ -38,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use outbox::{DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT};
+pub use stale::stale_sockets;
 pub use worker::MAX_PENDING_SUBS;
 
 /// Between `status` broadcasts (pgbus's hub's `status_interval` default: it
@@ -247,10 +250,15 @@ struct Running {
 }
 
 impl MasterHub {
-    /// Binds the socket (errors are returned with the reason) and starts the hub's thread.
+    /// Removes the stale hub sockets beside its own, binds the socket (errors
+    /// are returned with the reason) and starts the hub's thread.
     pub fn start(config: HubConfig) -> Result<Self, String> {
         let log = config.listener.log.clone();
         let socket_path = config.socket_path.clone();
+        let socket_dir = socket_path
+            .parent()
+            .filter(|dir| !dir.as_os_str().is_empty());
+        stale::remove_stale_sockets(socket_dir.unwrap_or(Path::new(".")), &log);
         let (std_listener, socket) = server::bind(&socket_path)?;
         let prepared = std_listener
             .set_nonblocking(true)
