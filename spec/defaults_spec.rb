@@ -35,10 +35,18 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
   # One definition per default: each option of DEFAULTS is a MasterHub keyword and a
   # Pgbus::Hub.configure setting, and neither takes a tuning key DEFAULTS lacks (ack_timeout is a
   # worker's: HubClient's keyword, derived from health_check_ms under the hub).
+  it "refuses a MasterHub log_file: beside a logger:, or one that is not a path" do
+    keywords = { connection: "dbname=x", socket_path: "/tmp/x.sock" }
+    expect { Pgbus::Hub::MasterHub.new(**keywords, log_file: "/tmp/x.log", logger: Object.new) }
+      .to raise_error(ArgumentError, "MasterHub: give logger: or log_file:, not both")
+    expect { Pgbus::Hub::MasterHub.new(**keywords, log_file: 1) }.to raise_error(TypeError, /log_file must be a String/)
+    expect(Pgbus::Hub::MasterHub.new(**keywords, log_file: "-").threads).to eq([])
+  end
+
   it "names the same options in DEFAULTS, MasterHub's keywords and Pgbus::Hub.configure, both ways" do
     tuning = Pgbus::Hub::DEFAULTS.keys - %i[ack_timeout]
     hub = Pgbus::Hub.options("MasterHub", { connection: "dbname=x", socket_path: "/tmp/x.sock" })
-    expect(hub.keys - %i[connection socket_path logger]).to match_array(tuning)
+    expect(hub.keys - %i[connection socket_path logger log_file]).to match_array(tuning) # where, not how much
     expect(Pgbus::Hub::Configuration.members - %i[logger connection listen_scope socket_path]).to match_array(tuning)
     expect(Pgbus::Hub.options("HubClient", { socket_path: "/x", dispatch_queue: [] })).to include(:ack_timeout)
     first_cells = File.read(File.expand_path("../docs/configuration.md", __dir__)).scan(/^\|([^|]+)\|/).flatten

@@ -46,11 +46,11 @@ RSpec.describe "pgbus-hub serve", :puma do
     File.rename(@serve.log_path, "#{@serve.log_path}.1") # logrotate
     @serve.signal("HUP")
     wait_for("the log reopened", timeout: 5) { @serve.log.include?("log reopened") }
-    expect(File.read("#{@serve.log_path}.1")).to include("[pgbus-hub] serving #{@serve.socket}")
+    expect(File.read("#{@serve.log_path}.1")).to match(/\A\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO .*master hub listening at #{Regexp.escape(@serve.socket)}$/m)
 
     expect(@serve.stop("TERM")).to have_attributes(exitstatus: 0)
     expect(File.exist?(@serve.socket)).to be(false)
-    expect(@serve.log).to include("stopping: socket removed")
+    expect(@serve.log).to include("master hub at #{@serve.socket} stopped")
     client.stop
   end
 

@@ -1,6 +1,7 @@
 //! `Pgbus::Hub::MasterHub`: the native hub, one PostgreSQL LISTEN connection
 //! fanned out to workers over a Unix socket. Its log thread (started,
-//! listed and joined by `stop`) is in `threads`.
+//! listed and joined by `stop`) is in `threads`; with `log_file:` a native
+//! thread writes the log instead (`pgbus-hub serve`), and `threads` is empty.
 
 use crate::errors::{hub_error, panicked};
 use crate::nogvl::nogvl_cancellable;
@@ -12,8 +13,15 @@ use magnus::typed_data::DataTypeFunctions;
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
 use pgbus_hub_core::hub::MasterHub;
 use pgbus_hub_core::log::LogSink;
+use pgbus_hub_core::log_file::LogFile;
+use pgbus_hub_core::owned_thread::OwnedThread;
 use pgbus_hub_core::sync::lock;
-use std::sync::{Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// How long `stop` waits for the log file's writer to write what is left.
+const LOG_WRITER_STOP: Duration = Duration::from_secs(5);
 
 const CLASS: &str = "MasterHub";
 
@@ -23,6 +31,8 @@ pub struct RbMasterHub {
     options: OnceLock<MasterHubOptions>,
     hub: Mutex<Option<MasterHub>>,
     outputs: Outputs,
+    /// With `log_file:`: the file and the thread writing to it.
+    log_file: Mutex<Option<(Arc<LogFile>, OwnedThread)>>,
 }
 
 impl DataTypeFunctions for RbMasterHub {
@@ -62,11 +72,48 @@ impl RbMasterHub {
             return Err(hub_error(ruby, "master hub is already running"));
         }
         let (log, records) = LogSink::channel();
-        let config = rb_self.options(ruby)?.config(log);
-        let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
-        *rb_self.hub() = Some(hub);
-        rb_self.outputs.open_logs(records);
+        let options = rb_self.options(ruby)?;
+        let config = options.config(log);
+        let Some(path) = &options.log_file else {
+            let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
+            *rb_self.hub() = Some(hub);
+            rb_self.outputs.open_logs(records);
+            return Ok(());
+        };
+        // The writer first: what the hub logs as it starts (or fails to) is written.
+        let file = LogFile::open((path != "-").then(|| PathBuf::from(path)))
+            .map_err(|e| hub_error(ruby, format!("cannot open the log {path}: {e}")))?;
+        let writer = file
+            .spawn_writer(records)
+            .map_err(|e| hub_error(ruby, format!("cannot start the log writer: {e}")))?;
+        *lock(&rb_self.log_file) = Some((file, writer));
+        let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason));
+        match hub {
+            Ok(hub) => *rb_self.hub() = Some(hub),
+            Err(error) => {
+                Self::stop_log_file(ruby, rb_self)?;
+                return Err(error);
+            }
+        }
         Ok(())
+    }
+
+    /// `reopen_log`: with `log_file:`, opens the file again at its path
+    /// (logrotate moved it) and says so there; nothing otherwise.
+    fn reopen_log(&self) {
+        if let Some((file, _)) = lock(&self.log_file).as_ref() {
+            file.reopen();
+        }
+    }
+
+    /// Writes what is left of the log and ends its writer (bounded, without the GVL).
+    fn stop_log_file(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let Some((_, writer)) = lock(&rb_self.log_file).take() else {
+            return Ok(());
+        };
+        nogvl_cancellable(move |cancel| writer.stop_or_cancel(cancel, Some(LOG_WRITER_STOP)))
+            .map(drop)
+            .ok_or_else(|| panicked(ruby, "MasterHub#stop"))
     }
 
     fn native_running(&self) -> bool {
@@ -97,7 +144,7 @@ impl NativeObject for RbMasterHub {
             nogvl_cancellable(move |cancel| hub.stop_or_cancel(cancel))
                 .ok_or_else(|| panicked(ruby, "MasterHub#stop"))?;
         }
-        Ok(())
+        Self::stop_log_file(ruby, rb_self)
     }
 
     fn outputs(&self) -> &Outputs {
@@ -115,5 +162,6 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("threads", method!(threads::alive::<RbMasterHub>, 0))?;
     class.define_method("running?", method!(RbMasterHub::native_running, 0))?;
     class.define_method("stats", method!(RbMasterHub::native_stats, 0))?;
+    class.define_method("reopen_log", method!(RbMasterHub::reopen_log, 0))?;
     Ok(())
 }

@@ -90,6 +90,7 @@ const MASTER_HUB: &[(&str, Kind)] = &[
     ("connection", Required),
     ("socket_path", RequiredText),
     ("logger", Object),
+    ("log_file", Object),
     ("health_check_ms", Count),
     ("status_interval", Seconds),
     ("durable_queue_limit", Count),
@@ -409,6 +410,9 @@ impl ListenerOptions {
 pub struct MasterHubOptions {
     listener: ListenerOptions,
     pub socket_path: String,
+    /// `log_file:`: the hub writes its log itself, to this file ("-": standard
+    /// output; `pgbus-hub serve`), instead of handing it to `logger:`.
+    pub log_file: Option<String>,
     status_interval: Duration,
     durable_queue_limit: usize,
     hard_queue_limit: usize,
@@ -421,6 +425,7 @@ impl MasterHubOptions {
         Ok(Self {
             listener: ListenerOptions::parse(ruby, resolved)?,
             socket_path: get(ruby, resolved, "socket_path")?,
+            log_file: log_file(ruby, resolved)?,
             status_interval: seconds(ruby, resolved, "status_interval")?,
             durable_queue_limit: get(ruby, resolved, "durable_queue_limit")?,
             hard_queue_limit: get(ruby, resolved, "hard_queue_limit")?,
@@ -439,6 +444,28 @@ impl MasterHubOptions {
             max_channels_per_connection: self.max_channels_per_connection,
             max_channels: self.max_channels,
         }
+    }
+}
+
+/// `log_file:` (a String, or nil), refused beside a `logger:` (which would get nothing).
+fn log_file(ruby: &Ruby, resolved: RHash) -> Result<Option<String>, Error> {
+    let log_file: Option<Value> = resolved.lookup(ruby.to_symbol("log_file"))?;
+    let Some(log_file) = log_file.filter(|value| !value.is_nil()) else {
+        return Ok(None);
+    };
+    let logger: Option<Value> = resolved.lookup(ruby.to_symbol("logger"))?;
+    if logger.is_some_and(|logger| !logger.is_nil()) {
+        return Err(arg_error(
+            ruby,
+            "MasterHub: give logger: or log_file:, not both",
+        ));
+    }
+    match RString::from_value(log_file) {
+        Some(path) => Ok(Some(path.to_string()?)),
+        None => Err(Error::new(
+            ruby.exception_type_error(),
+            format!("MasterHub: log_file must be a String (a path, or \"-\" for standard output), got {}", log_file.class().inspect()),
+        )),
     }
 }
 

@@ -4,6 +4,7 @@
 //! Layout (one job per module):
 //! - [`protocol`]: frames (4-byte length + JSON object), encoder and incremental decoder.
 //! - [`log`]: log records from native threads, forwarded through a bounded channel.
+//! - [`log_file`]: those records as timestamped lines on a file or stdout (`pgbus-hub serve`).
 //! - [`process`]: fork awareness (owner pid checks).
 //! - [`owned_thread`]: the thread an object runs: stop with an unblock, a drop that only signals, inert after fork.
 //! - [`conninfo`]: libpq-style connection options (URL, keywords, pairs) -> tokio-postgres config + TLS.
@@ -26,6 +27,7 @@ pub mod failover;
 pub mod hub;
 pub mod listener;
 pub mod log;
+pub mod log_file;
 pub mod owned_thread;
 pub mod process;
 pub mod protocol;

@@ -8,43 +8,19 @@ module Pgbus
     # shares its one LISTEN connection. Puma's plugin attaches to it instead of
     # starting a hub of its own (Boot#before_fork).
     module Serve
-
-      # "2026-12-04T23:59:01.123Z INFO [pgbus-hub] ..." lines on an IO that
-      # SIGHUP reopens (logrotate's copy-less rotation).
-      class LogFile
-        def initialize(path)
-          @path = path
-          @io = path ? File.open(path, "a") : $stdout
-          @io.sync = true
-        end
-
-        def log(line) = @io.puts("#{Time.now.utc.strftime('%Y-%m-%dT%H:%M:%S.%LZ')} #{line}")
-
-        def reopen
-          @io.reopen(@path, "a") if @path
-          @io.sync = true
-        end
-      end
-
-      # Runs until SIGTERM/SIGINT; returns the exit status (0 after a clean stop).
+      # Runs until SIGTERM/SIGINT; SIGHUP reopens the log (logrotate's copy-less rotation). The hub
+      # writes its log itself (timestamped, to log_path or standard output). Returns the exit status.
       def self.run(socket_path:, log_path:)
-        log_file = LogFile.new(log_path)
-        logger = PumaLog.new(log_file)
-        signals = Queue.new
-        %w[TERM INT HUP].each { |signal| trap(signal) { signals << signal } }
+        # A pipe, not a Queue: with the log written natively no other Ruby thread runs, and Queue#pop
+        # in the only thread is a deadlock to Ruby. Each signal writes its name's first letter.
+        signals, trapped = IO.pipe
+        %w[TERM INT HUP].each { |signal| trap(signal) { trapped.write_nonblock(signal[0]) } }
         options = Hub.master_options.except(:scope, :source)
-        hub = MasterHub.new(socket_path: socket_path, logger: logger, **options).start
-        logger.info("[pgbus-hub] serving #{socket_path} (pid #{::Process.pid})")
-        $stdout.puts "pgbus-hub serve: listening on #{socket_path} (pid #{::Process.pid})"
-        $stdout.puts "export #{DEFAULT_SOCKET_ENV}=#{socket_path}"
+        hub = MasterHub.new(socket_path: socket_path, log_file: log_path || "-", **options).start
+        $stdout.puts "pgbus-hub serve: listening on #{socket_path} (pid #{::Process.pid})",
+                     "export #{DEFAULT_SOCKET_ENV}=#{socket_path}"
         $stdout.flush
-        loop do
-          case signals.pop
-          when "HUP" then log_file.reopen.then { logger.info("[pgbus-hub] log reopened") }
-          else break
-          end
-        end
-        logger.info("[pgbus-hub] stopping: socket removed, workers fall back to their own connections")
+        hub.reopen_log while signals.read(1) == "H"
         hub.stop
         0
       end
