@@ -31,12 +31,10 @@ module Pgbus
       end
     end
 
-    # The master side in one place: `arm` (Puma's master, once it knows it runs
-    # workers) exports the socket path; right before each fork (Ruby's
-    # Process._fork) the hub starts synchronously unless it runs, so no worker
-    # forks before it listens; `teardown` disarms and stops it. A hub already
-    # answering at the socket path (`pgbus-hub serve`, a sidecar) is used
-    # instead: this master then starts none, and its workers share that one.
+    # The master side in one place: `arm` (Puma's master, once it knows it runs workers) exports the
+    # socket path; right before each fork (Ruby's Process._fork) the hub starts synchronously unless it
+    # runs, so no worker forks before it listens; `teardown` disarms and stops it. A hub already answering
+    # at the socket path (`pgbus-hub serve`, a sidecar) is used instead: this master starts none.
     module Boot
       @teardowns = []
 
@@ -129,12 +127,10 @@ module Pgbus
         # serves this master's workers for good (asked before each fork until
         # a hub, that one or this master's own, runs).
         def attach
-          @attached = false
           stats = Hub.stats(socket_path: @socket_path, timeout: 1.0) or return false
-          @attached = true
           @logger&.info("[pgbus-hub] a hub already serves #{@socket_path} (pid #{stats[:pid]}): workers use it; " \
                         "this master starts none")
-          true
+          @attached = true
         rescue HubUnavailableError
           false
         end

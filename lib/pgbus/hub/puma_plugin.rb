@@ -2,10 +2,9 @@
 
 module Pgbus
   module Hub
-    # Puma's log (5.6: launcher.events; 6+: launcher.log_writer, which applies the app's log_formatter)
-    # as the logger the hub's threads write to: "SEVERITY message" lines, INFO and up. It answers what
-    # they call (`add` with Logger's integer severities, `info`...) without the stdlib Logger, which
-    # Ruby 4.0 no longer ships as a default gem: a Bundler app without it still boots.
+    # Puma's log (5.6: launcher.events; 6+: launcher.log_writer, with the app's log_formatter) as the logger
+    # the hub's threads write to ("SEVERITY message", INFO and up): what they call (`add` with Logger's severities,
+    # `info`...) without the stdlib Logger, not a default gem in Ruby 4.0 (a Bundler app without it still boots).
     PumaLog = Struct.new(:writer) do
       def self.logger(launcher) = new(launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events)
 
@@ -20,11 +19,10 @@ module Pgbus
       LEVELS.each_with_index { |label, severity| define_method(label.downcase) { |message| add(severity, message) } }
     end
 
-    # The one place that touches Puma, through its public plugin API (5.6 to
-    # 8): the body of `plugin :pgbus_hub` / `plugin :pgbus_streams`. In the
-    # master, once Puma knows it runs workers, arm the boot (the hub then
-    # starts right before the first fork); stop it on stop and before a hot
-    # restart's exec.
+    # The one place that touches Puma, through its public plugin API (5.6 to 8): the body of
+    # `plugin :pgbus_hub` / `plugin :pgbus_streams`. In the master, once Puma knows it runs workers,
+    # arm the boot (the hub then starts right before the first fork); stop it on stop and before a
+    # hot restart's exec.
     module PumaPlugin
       def config(dsl)
         PumaPlugin.hook(dsl, :before_restart, :on_restart) { Boot.teardown("hot restart") }
