@@ -47,6 +47,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Statements per LISTEN batch (one simple query, one round trip).
 const LISTEN_BATCH: usize = 500;
 
+/// A deadline noticed this much after it passed was not watched: this process
+/// did not run (SIGSTOP, a paused VM, a starved runtime), so it says nothing
+/// of the connection (see [`op`]). A timer on a busy runtime is late by
+/// milliseconds, not this.
+const LATE_DEADLINE: Duration = Duration::from_millis(250);
+
 enum Exit {
     Stop,
     Lost(String),
@@ -503,15 +509,30 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 }
 
 /// Run a client operation bounded by `timeout`, abandoned at once on stop.
+/// A deadline that passed while this process was not running gets `timeout`
+/// once more: its answer may be in the socket unread, or its request not yet
+/// written, because the connection's driver has not run since (a stopped Puma
+/// master's LISTEN was otherwise given up on SIGCONT, and with the connection
+/// the NOTIFYs queued for it).
 async fn op<T>(
     mut shutdown: Shutdown,
     operation: impl Future<Output = Result<T, tokio_postgres::Error>>,
     timeout: Duration,
 ) -> Result<T, OpError> {
+    let mut operation = std::pin::pin!(operation);
+    let watched = async {
+        let started = Instant::now();
+        match tokio::time::timeout(timeout, &mut operation).await {
+            Err(_) if started.elapsed() > timeout + LATE_DEADLINE => {
+                tokio::time::timeout(timeout, &mut operation).await
+            }
+            outcome => outcome,
+        }
+    };
     tokio::select! {
         biased;
         () = shutdown.wait() => Err(OpError::Stopped),
-        outcome = tokio::time::timeout(timeout, operation) => match outcome {
+        outcome = watched => match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(OpError::Pg(error)),
             Err(_) => Err(OpError::Timeout),
@@ -581,4 +602,47 @@ async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
         database: row.get(2).unwrap_or_default().to_owned(),
         client_addr: row.get(3).map(str::to_owned),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An operation answered by another thread at `answer_at` after the start.
+    fn answered_at(answer_at: Duration) -> impl Future<Output = Result<u8, tokio_postgres::Error>> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            std::thread::sleep(answer_at);
+            let _ = answer.send(7);
+        });
+        async move { Ok(answered.await.unwrap_or(0)) }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deadline_that_passed_while_the_process_was_frozen_is_given_once_more() {
+        let (_trigger, shutdown) = crate::shutdown::shutdown();
+        let deadline = Duration::from_millis(50);
+        let asked = tokio::spawn(op(
+            shutdown,
+            answered_at(Duration::from_millis(450)),
+            deadline,
+        ));
+        tokio::task::yield_now().await; // the operation runs: its deadline is set
+                                        // The whole runtime stops (SIGSTOP) far past the deadline; the answer comes
+                                        // a round trip after it resumes.
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(asked.await.unwrap().ok(), Some(7));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deadline_watched_as_it_passed_ends_the_operation() {
+        let (_trigger, shutdown) = crate::shutdown::shutdown();
+        let outcome = op(
+            shutdown,
+            answered_at(Duration::from_secs(2)),
+            Duration::from_millis(50),
+        )
+        .await;
+        assert!(matches!(outcome, Err(OpError::Timeout)));
+    }
 }
