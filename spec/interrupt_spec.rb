@@ -18,8 +18,14 @@ RSpec.describe "interrupting a native wait" do
 
   def open_fds = Dir.children("/proc/self/fd").size
 
-  # Native threads by name (the kernel's 15-byte comm).
-  def native_threads(name) = Dir.children("/proc/self/task").count { |t| File.read("/proc/self/task/#{t}/comm").chomp == name }
+  # Native threads by name (the kernel's 15-byte comm); one that ends while listed is not counted.
+  def native_threads(name)
+    Dir.children("/proc/self/task").count do |task|
+      File.read("/proc/self/task/#{task}/comm").chomp == name
+    rescue Errno::ENOENT, Errno::ESRCH
+      false
+    end
+  end
 
   # Connections the kernel queues for `server` until it accepts them: with
   # listen(0) Linux holds one; a non-blocking connect says when it is full.
