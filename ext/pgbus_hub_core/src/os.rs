@@ -221,10 +221,15 @@ mod tests {
 
     /// What decides whether the catch-up throttle can be on: the OS's
     /// measure sees bytes written and not yet read, and sees them go once the
-    /// peer reads them. Runs on every OS (on macOS and FreeBSD it is the
-    /// finding `UNREAD_BYTES_TRUSTED` waits for: it passing there means the
-    /// throttle can be turned on).
+    /// peer reads them. Where the measure is not trusted yet (macOS, FreeBSD)
+    /// it is the finding `UNREAD_BYTES_TRUSTED` waits for, run on such a host
+    /// with `cargo test -p pgbus-hub-core --lib unread_bytes_measure -- --ignored`:
+    /// passing there means the throttle can be turned on.
     #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "a finding, not a requirement: run it with --ignored (see above)"
+    )]
     fn the_unread_bytes_measure_counts_what_the_peer_has_not_read() {
         let (mut ours, mut peer) = UnixStream::pair().unwrap();
         // Less than the smallest default socket buffer (macOS: 8 KiB), so the
