@@ -17,6 +17,7 @@
 //! - [`failover`]: a worker's listener: the hub client until it fails, then a LISTEN connection of its own.
 //! - [`transport`]: the framed hub-worker connection (socket path rules; the hub's tokio halves;
 //!   the client's non-blocking socket).
+//! - [`os`]: every difference between the OSes (Linux, macOS, FreeBSD), in one place.
 //! - [`shutdown`]: the one stop signal of a group of tasks.
 //! - [`sync`]: the lock helpers (a poisoned lock is taken as it is).
 
@@ -28,6 +29,7 @@ pub mod hub;
 pub mod listener;
 pub mod log;
 pub mod log_file;
+pub mod os;
 pub mod owned_thread;
 pub mod process;
 pub mod protocol;

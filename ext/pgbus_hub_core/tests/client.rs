@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod support_hub;
+mod support_os;
 mod support_wait;
 
 include!("support_client/setup.rs");

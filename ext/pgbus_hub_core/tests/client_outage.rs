@@ -5,6 +5,7 @@
 //! the worker logs one WARN per outage.
 
 mod support_hub;
+mod support_os;
 mod support_wait;
 
 use pgbus_hub_core::client::{ClientConfig, HubClient, Listening, UNHEALTHY_ACK_GRACE};

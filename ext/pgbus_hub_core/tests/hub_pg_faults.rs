@@ -8,6 +8,7 @@
 
 #![allow(dead_code, unused_imports)]
 
+mod support_os;
 mod support_pg;
 mod support_wait;
 

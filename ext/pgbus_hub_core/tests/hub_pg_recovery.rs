@@ -10,6 +10,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod support_hub;
+mod support_os;
 mod support_pg;
 mod support_wait;
 

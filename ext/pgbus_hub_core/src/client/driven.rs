@@ -6,39 +6,16 @@
 
 use super::{lock, read, Inner};
 use crate::delivery::{Batch, DeliveryReceiver, WakeSource};
+use crate::os::Wakeup;
 use crate::process::Owner;
 use crate::protocol::Decoder;
 use crate::transport::socket::Readiness;
-use rustix::event::{eventfd, EventfdFlags};
 use std::io;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, TryLockError};
 use std::time::{Duration, Instant};
-
-/// An eventfd that makes the driven reader's poll return. Level-triggered
-/// until `clear`.
-pub(super) struct Wakeup(OwnedFd);
-
-impl Wakeup {
-    pub(super) fn new() -> io::Result<Self> {
-        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
-        Ok(Self(fd))
-    }
-
-    /// Async-signal-safe and callable from any thread.
-    fn signal(&self) {
-        // EAGAIN (the counter is full) still leaves it signalled.
-        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
-    }
-
-    fn clear(&self) {
-        // EAGAIN: it was not signalled.
-        let _ = rustix::io::read(&self.0, &mut [0u8; 8]);
-    }
-}
 
 /// The hub client's wakes, read by the caller's thread (see
 /// [`super::HubClient::connect_driven`]). One thread at a time waits in
@@ -89,7 +66,7 @@ impl Inner {
         else {
             return Ready::Closed;
         };
-        match socket.wait_readable(wakeup.map(|w| w.0.as_fd()), timeout) {
+        match socket.wait_readable(wakeup.map(|w| w.fd()), timeout) {
             Readiness::TimedOut => Ready::TimedOut,
             Readiness::Signalled => Ready::Interrupted,
             Readiness::Readable => Ready::Read(socket.read_into(decoder)),

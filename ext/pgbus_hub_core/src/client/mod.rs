@@ -49,12 +49,12 @@ pub use stats::{request_stats, StatsError};
 
 use crate::delivery::{self, Delivery, DeliverySender};
 use crate::log::LogSink;
+use crate::os::Wakeup;
 use crate::process::Owner;
 use crate::protocol::{Decoder, Message};
 use crate::sync::{lock, read};
 use crate::transport::socket::{ClientSocket, ConnectError, WriteError};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use driven::Wakeup;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::os::fd::RawFd;
@@ -243,8 +243,9 @@ impl HubClient {
     ) -> Result<(Self, DrivenReader), ClientError> {
         let (deliveries, receiver) = delivery::channel();
         let inner = Inner::connect(config, deliveries, cancel)?;
-        let wakeup = Wakeup::new()
-            .map_err(|e| inner.unreachable(format!("cannot create the wake-up eventfd: {e}")))?;
+        let wakeup = Wakeup::new().map_err(|e| {
+            inner.unreachable(format!("cannot create the wake-up {}: {e}", Wakeup::KIND))
+        })?;
         let owner = Owner::current();
         let reader = DrivenReader {
             inner: ManuallyDrop::new(Arc::clone(&inner)),

@@ -20,6 +20,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::Config;
 
+use crate::os;
 use crate::process::Owner;
 
 /// A TCP or Unix-domain stream to the server.
@@ -258,16 +259,17 @@ fn connect_error(error: io::Error) -> String {
 
 fn tcp_options(stream: &TcpStream, config: &Config) -> io::Result<()> {
     let fd = stream.as_raw_fd();
-    if let Some(timeout) = config.get_tcp_user_timeout() {
+    // Where the OS has no TCP_USER_TIMEOUT the setting is skipped, as libpq does.
+    if let (Some(timeout), Some(option)) = (config.get_tcp_user_timeout(), os::TCP_USER_TIMEOUT) {
         let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        set(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, millis)?;
+        set(fd, libc::IPPROTO_TCP, option, millis)?;
     }
     if config.get_keepalives() {
         set(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
         set(
             fd,
             libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
+            os::TCP_KEEPALIVE_IDLE,
             seconds(config.get_keepalives_idle()),
         )?;
         if let Some(interval) = config.get_keepalives_interval() {

@@ -9,7 +9,7 @@ use crate::sync::lock;
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -52,7 +52,7 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
                 path.display()
             ));
         }
-        Ok(_) => match UnixStream::connect(path) {
+        Ok(_) => match super::stale::connect_looking_twice(path) {
             Ok(_) => {
                 return Err(format!(
                     "another process is already serving {}",

@@ -4,6 +4,8 @@
 
 use super::socket_file_name;
 use crate::log::LogSink;
+use crate::os;
+use crate::transport::socket::REFUSED_BUT_MAYBE_BUSY;
 use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -13,7 +15,8 @@ use std::path::{Path, PathBuf};
 /// named for a master pid is stale once that process is gone: its forked
 /// workers may still hold the listening descriptor, so a connect could
 /// succeed, and a live master's socket is never connected to. One with
-/// another name (`serve`'s) is stale once nothing answers on it.
+/// another name (`serve`'s) is stale once nothing answers on it (looked at
+/// twice where a refusal may mean a busy hub: [`connect_looking_twice`]).
 pub fn stale_sockets(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -67,9 +70,24 @@ fn process_gone(pid: libc::pid_t) -> bool {
 
 fn nothing_answers(path: &Path) -> bool {
     matches!(
-        UnixStream::connect(path).map_err(|e| e.kind()),
+        connect_looking_twice(path).map_err(|e| e.kind()),
         Err(ErrorKind::ConnectionRefused | ErrorKind::NotFound)
     )
+}
+
+/// A blocking connect to a hub socket, to see whether anyone accepts there.
+/// Where a refusal may be a live hub's full backlog (macOS, the BSDs; see
+/// [`os::refusal_may_be_busy`]) a refused one is tried once more after
+/// [`REFUSED_BUT_MAYBE_BUSY`]: a hub that accepts at all has drained its
+/// backlog by then, so only a socket nobody listens on is refused twice.
+pub(super) fn connect_looking_twice(path: &Path) -> std::io::Result<UnixStream> {
+    match UnixStream::connect(path) {
+        Err(e) if e.raw_os_error().is_some_and(os::refusal_may_be_busy) => {
+            std::thread::sleep(REFUSED_BUT_MAYBE_BUSY);
+            UnixStream::connect(path)
+        }
+        connected => connected,
+    }
 }
 
 #[cfg(test)]
@@ -96,6 +114,43 @@ mod tests {
         for kept in ["sidecar", "888888888", &std::process::id().to_string()] {
             assert!(path(kept).exists(), "{kept} was removed");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A hub whose listen backlog is full (a reconnect storm) still owns its
+    /// socket: Linux's blocking connect waits for the accept; where the full
+    /// backlog refuses the connect, the second look finds the hub drained it.
+    #[test]
+    fn a_socket_whose_backlog_is_full_is_not_stale() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("pgbus-hub-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(socket_file_name("serve"));
+        let listener = UnixListener::bind(&path).unwrap();
+        // SAFETY: a valid listening socket; backlog 0 holds the fewest connections.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let address = rustix::net::SocketAddrUnix::new(&path).unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..1000 {
+            let socket = os::unix_stream_socket().unwrap();
+            if rustix::net::connect(&socket, &address).is_err() {
+                break; // full: EAGAIN on Linux, ECONNREFUSED on macOS and the BSDs
+            }
+            queued.push(socket);
+        }
+        assert!(queued.len() < 1000, "the backlog never filled");
+        let pending = queued.len() + 1; // the sweep's own connect
+        let hub = std::thread::spawn(move || {
+            // Busy for a moment (well within the second look), then accepting.
+            std::thread::sleep(REFUSED_BUT_MAYBE_BUSY / 10);
+            for _ in 0..pending {
+                drop(listener.accept().unwrap());
+            }
+        });
+        assert!(stale_sockets(&dir).is_empty());
+        hub.join().unwrap();
+        assert!(path.exists());
+        drop(queued);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

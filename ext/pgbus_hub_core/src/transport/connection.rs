@@ -81,16 +81,11 @@ impl FrameWriter {
         Self { write }
     }
 
-    /// Bytes written that the peer has not read yet (SIOCOUTQ: a Unix stream
-    /// socket's data waits in the peer's receive queue, charged to ours, with
-    /// the kernel's per-buffer overhead). None if the kernel does not say.
+    /// Bytes written that the peer has not read yet (Linux: SIOCOUTQ, kernel
+    /// overhead included). None if the OS does not say (see [`crate::os::unread_bytes`]).
     pub fn unread_bytes(&self) -> Option<usize> {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(self.write.as_ref());
-        let mut queued: libc::c_int = 0;
-        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int through the pointer,
-        // which points at a live local; `fd` is open, `self.write` holds it.
-        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
-        (rc == 0).then(|| usize::try_from(queued).unwrap_or(0))
+        // `self.write` keeps the descriptor open throughout.
+        crate::os::unread_bytes(std::os::fd::AsRawFd::as_raw_fd(self.write.as_ref()))
     }
 
     /// Writes every frame, in order, sending the shared bytes as they are.

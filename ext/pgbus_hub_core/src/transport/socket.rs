@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
-use rustix::net::{
-    connect, send, socket_with, AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
-};
+use rustix::net::{connect, send, SocketAddrUnix};
 
+use crate::os;
 use crate::protocol::Decoder;
 
 /// How often a connect that found the hub's listen backlog full tries again.
@@ -27,6 +26,12 @@ use crate::protocol::Decoder;
 /// behind on accepting, so a few ms more are nothing, and a cancel is seen
 /// at once (the pause is a wait on the cancel channel).
 const CONNECT_RETRY: Duration = Duration::from_millis(5);
+
+/// How long a refused connect is retried where a refusal may mean a full
+/// backlog (macOS, the BSDs: see [`os::refusal_may_be_busy`]): a hub that
+/// accepts at all drains its backlog well within it; a socket nobody listens
+/// on (a hub killed with -9) is reported as refused after it.
+pub const REFUSED_BUT_MAYBE_BUSY: Duration = Duration::from_millis(200);
 
 /// How long a write blocked on a full socket buffer waits before looking at
 /// its cancel channel again: an unblock function is honoured well within the
@@ -75,13 +80,8 @@ impl ClientSocket {
     pub fn connect(path: &Path, cancel: &Receiver<()>) -> Result<Self, ConnectError> {
         let failed = |errno: Errno| ConnectError::Failed(errno.into());
         let address = SocketAddrUnix::new(path).map_err(failed)?;
-        let socket = socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(failed)?;
+        let socket = os::unix_stream_socket().map_err(failed)?;
+        let mut refused_since = None;
         loop {
             match connect(&socket, &address) {
                 Ok(()) => {
@@ -96,6 +96,15 @@ impl ClientSocket {
                     }
                 }
                 Err(Errno::INTR) => {}
+                Err(errno)
+                    if os::refusal_may_be_busy(errno.raw_os_error())
+                        && refused_since.get_or_insert_with(Instant::now).elapsed()
+                            < REFUSED_BUT_MAYBE_BUSY =>
+                {
+                    if cancel.recv_timeout(CONNECT_RETRY).is_ok() {
+                        return Err(ConnectError::Cancelled);
+                    }
+                }
                 Err(errno) => return Err(failed(errno)),
             }
         }
@@ -142,7 +151,7 @@ impl ClientSocket {
     ) -> Result<(), WriteError> {
         let mut written = 0;
         while written < frame.len() {
-            match send(&self.stream, &frame[written..], SendFlags::NOSIGNAL) {
+            match send(&self.stream, &frame[written..], os::SEND_FLAGS) {
                 Ok(sent) => written += sent,
                 Err(Errno::INTR) => {}
                 Err(Errno::AGAIN) if cancel.try_recv().is_ok() => {
@@ -199,7 +208,7 @@ mod tests {
         ours.set_nonblocking(true).unwrap();
         let socket = ClientSocket { stream: ours };
         let chunk = [0u8; 4096];
-        while send(&socket.stream, &chunk, SendFlags::NOSIGNAL).is_ok() {}
+        while send(&socket.stream, &chunk, os::SEND_FLAGS).is_ok() {}
         let (cancel, cancelled) = crossbeam_channel::bounded(1);
         let canceller = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));

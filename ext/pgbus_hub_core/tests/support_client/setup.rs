@@ -88,17 +88,14 @@ fn connect_error(path: &std::path::Path) -> String {
 }
 
 fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+    support_os::open_fds()
 }
 
-/// Live test pump threads. Counting only ours: the test runner starts and
-/// ends its own threads concurrently, so the process-wide count is not stable.
-fn pump_thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim_end() == pump::THREAD_NAME)
-        .count()
+/// Live test pump threads (None: the OS does not list thread names). Counting
+/// only ours: the test runner starts and ends its own threads concurrently,
+/// so the process-wide count is not stable.
+fn pump_thread_count() -> Option<usize> {
+    support_os::threads_named(pump::THREAD_NAME)
 }
 
 /// A pumped client, stopped (or dropped) at once.

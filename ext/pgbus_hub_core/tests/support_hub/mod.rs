@@ -234,12 +234,12 @@ fn serve(
             // without consuming a byte: poll for hang-up only.
             let mut poll_fd = libc::pollfd {
                 fd: std::os::unix::io::AsRawFd::as_raw_fd(&stream),
-                events: libc::POLLRDHUP,
+                events: crate::support_os::PEER_HANGUP_EVENTS,
                 revents: 0,
             };
             // SAFETY: one valid pollfd.
             let ready = unsafe { libc::poll(&mut poll_fd, 1, 50) };
-            if ready > 0 && poll_fd.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0 {
+            if ready > 0 && poll_fd.revents & crate::support_os::PEER_HANGUP_SEEN != 0 {
                 break;
             }
             continue;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// What `/proc/self/task/*/comm` shows for a pump thread.
+/// The pump thread's name (what `support_os::threads_named` counts).
 pub const THREAD_NAME: &str = "test-pump";
 
 pub struct Pump {

@@ -156,12 +156,5 @@ impl Peer {
 }
 
 fn process_threads() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    support_os::process_threads().expect("this OS tells a process its thread count")
 }
