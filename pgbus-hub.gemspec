@@ -28,7 +28,7 @@ Gem::Specification.new do |spec|
     # Exactly what the build needs: both crates, the workspace manifest and lock
     # file, and the vendored crates when `rake gem` put them there. Never
     # target/, tmp/, fuzz corpora or specs.
-    spec.files += Dir["ext/pgbus_hub/extconf.rb", "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/**/*.rs",
+    spec.files += Dir["ext/pgbus_hub/extconf.rb", "ext/pgbus_hub/build.rs", "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/**/*.rs",
                       "ext/pgbus_hub_core/Cargo.toml", "ext/pgbus_hub_core/src/**/*.rs", "Cargo.toml", "Cargo.lock"]
     spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
     spec.extensions = ["ext/pgbus_hub/extconf.rb"]

@@ -1,0 +1,77 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "open3"
+require "rbconfig"
+require "shellwords"
+
+# What each platform gets from the gems (issue 45).
+RSpec.describe "platforms" do
+  # The source gem's extconf.rb, run for real in a temp dir by this Ruby, which is
+  # told it was built for another OS: a -r file rewrites RbConfig::CONFIG before
+  # extconf.rb reads it. The Makefile it writes is what `gem install` would run.
+  describe "the source gem's extconf.rb" do
+    def extconf(host_os, dlext: RbConfig::CONFIG["DLEXT"], soext: RbConfig::CONFIG["SOEXT"])
+      Dir.mktmpdir("pgbus-hub-extconf") do |dir|
+        fake = File.join(dir, "fake_rbconfig.rb")
+        File.write(fake, "RbConfig::CONFIG.update(#{{ 'host_os' => host_os, 'DLEXT' => dlext, 'SOEXT' => soext }.inspect})\n")
+        out, status = Open3.capture2e({ "CARGO_TARGET_DIR" => File.join(dir, "target") }, RbConfig.ruby, "-r", fake,
+                                      File.join(ROOT, "ext", "pgbus_hub", "extconf.rb"), chdir: dir)
+        makefile = File.join(dir, "Makefile")
+        yield out, status, File.exist?(makefile) && File.read(makefile)
+      end
+    end
+
+    # The cargo command line and the copy of the Makefile's build rule, as words.
+    def build_rule(makefile)
+      recipe = makefile[/^\$\(DLIB\):\n((?:\t.*\n)+)/, 1].lines.map(&:strip)
+      [Shellwords.split(recipe.grep(/ build /).first), Shellwords.split(recipe.grep(/\Acp /).first)]
+    end
+
+    it "Linux (glibc): copies libpgbus_hub.so to pgbus_hub.so, nothing added to cargo's flags" do
+      extconf("linux-gnu", dlext: "so", soext: "so") do |out, status, makefile|
+        expect(status).to be_success, out
+        cargo, copy = build_rule(makefile)
+        expect(makefile).to include("DLIB = pgbus_hub.so")
+        expect(copy.values_at(0, 2)).to eq(["cp", "$(DLIB)"])
+        expect(copy[1]).to end_with("/release/libpgbus_hub.so")
+        expect(cargo.join(" ")).not_to include("crt-static")
+      end
+    end
+
+    it "macOS: copies the libpgbus_hub.dylib cargo writes there to pgbus_hub.bundle" do
+      extconf("darwin23", dlext: "bundle", soext: "dylib") do |out, status, makefile|
+        expect(status).to be_success, out
+        cargo, copy = build_rule(makefile)
+        expect(makefile).to include("DLIB = pgbus_hub.bundle")
+        expect(copy[1]).to end_with("/release/libpgbus_hub.dylib")
+        expect(cargo.join(" ")).not_to include("crt-static")
+      end
+      # The link: Apple's linker refuses undefined symbols in a dylib unless told
+      # they come from the loading process (Ruby); the binding's build script says so.
+      expect(File.read(File.join(ROOT, "ext", "pgbus_hub", "build.rs")))
+        .to include('"apple"', "cargo:rustc-cdylib-link-arg=-Wl,-undefined,dynamic_lookup")
+    end
+
+    it "musl (Alpine): cargo builds with crt-static off, so a rustup musl toolchain makes a cdylib" do
+      extconf("linux-musl", dlext: "so", soext: "so") do |out, status, makefile|
+        expect(status).to be_success, out
+        cargo, copy = build_rule(makefile)
+        expect(copy[1]).to end_with("/release/libpgbus_hub.so")
+        config = cargo[cargo.index("--config") + 1]
+        expect(config).to eq(%(target.'cfg(target_env = "musl")'.rustflags = ["-C", "target-feature=-crt-static"]))
+      end
+    end
+
+    %w[mingw32 mswin64].each do |host_os|
+      it "Windows (#{host_os}): stops with one sentence saying why, and writes no Makefile" do
+        extconf(host_os, dlext: "so", soext: "dll") do |out, status, makefile|
+          expect(status).not_to be_success
+          expect(makefile).to be(false)
+          expect(out.strip).to eq(Pgbus::Hub::CargoBuild.unsupported(host_os))
+          expect(out).to match(/\Apgbus-hub does not run on Windows: .*fork.*\.\Z/)
+        end
+      end
+    end
+  end
+end
