@@ -1,13 +1,15 @@
 # frozen_string_literal: true
 
 require_relative "lib/pgbus/hub/version"
+require_relative "lib/pgbus/hub/native_path"
 
 # Two gems from this file (rake gem / rake native, see the Rakefile):
 # - the source gem (platform ruby): both crates, built by extconf.rb with cargo
 #   at install time; `rake gem` adds the vendored crates (vendor/cargo), so it
 #   builds offline;
-# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux: a precompiled gem carrying one
-#   library per Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
+# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux-gnu (or another of
+#   Pgbus::Hub::NATIVE_PLATFORMS): a precompiled gem carrying one library per
+#   Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
 native_platform = ENV.fetch("PGBUS_HUB_NATIVE_PLATFORM", "")
 
 Gem::Specification.new do |spec|
@@ -35,9 +37,16 @@ Gem::Specification.new do |spec|
   else
     built = Dir["lib/pgbus_hub/*/pgbus_hub.so"].sort
     minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
+    known = Pgbus::Hub::NATIVE_PLATFORMS.values.flatten
+    raise "PGBUS_HUB_NATIVE_PLATFORM=#{native_platform}: not one of #{known.join(', ')}" unless known.include?(native_platform)
     raise "PGBUS_HUB_NATIVE_PLATFORM: no lib/pgbus_hub/<minor>/pgbus_hub.so (run rake native)" if minors.empty?
 
-    spec.platform = Gem::Platform.new(native_platform)
+    # From its parts: RubyGems before 3.3.22 would fold "x86_64-linux-gnu" into
+    # "x86_64-linux" (which also matches musl hosts).
+    spec.platform = Gem::Platform.new(native_platform.split("-", 3))
+    # RubyGems before 3.3.22 reads any linux gem as fit for any libc: a musl gem
+    # must never reach a glibc host through one of those.
+    spec.required_rubygems_version = ">= 3.3.22" if native_platform.end_with?("-musl")
     spec.files += built
     # The Rubies built for, from the oldest to the newest minor (a minor in
     # between without a build gets the load error naming the ones inside).

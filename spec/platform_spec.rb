@@ -74,4 +74,68 @@ RSpec.describe "platforms" do
       end
     end
   end
+
+  # Which precompiled gem RubyGems (this Ruby's own) installs on each host,
+  # asked through its public API: Gem::Platform.match_gem? with Gem.platforms set
+  # to that host's (what `gem install` and Bundler filter candidates with), then
+  # the gems whose required_rubygems_version this RubyGems does not meet dropped
+  # (as its installer does). The gems' platforms and requirements come from
+  # pgbus-hub.gemspec itself. Hosts as RbConfig::CONFIG["arch"] names them.
+  describe "RubyGems #{Gem::VERSION} picking a precompiled gem" do
+    GLIBC_HOSTS = { "x86_64-linux-gnu" => "Debian/Ubuntu's Ruby", "x86_64-linux" => "a Ruby built from source",
+                    "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
+    MUSL_HOSTS = { "x86_64-linux-musl" => "Alpine", "aarch64-linux-musl" => "Alpine on arm64" }.freeze
+    # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
+    MUSL_AWARE = Gem::Version.new("3.3.22")
+
+    # platform => required_rubygems_version of each precompiled gem, from the gemspec.
+    def self.native_gems
+      @native_gems ||= Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.to_h do |platform|
+        out, status = Open3.capture2e({ "PGBUS_HUB_NATIVE_PLATFORM" => platform }, RbConfig.ruby, "-e",
+                                      'spec = Gem::Specification.load("pgbus-hub.gemspec") or abort "gemspec did not load"
+                                       print spec.platform, "|", spec.required_rubygems_version', chdir: ROOT)
+        raise out unless status.success?
+
+        built, requirement = out.split("|")
+        raise "#{platform}: the gemspec made a #{built} gem" unless built == platform
+
+        [platform, Gem::Requirement.new(*requirement.split(", "))]
+      end
+    end
+
+    def picks(host)
+      saved = Gem.platforms
+      Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.new(host)]
+      self.class.native_gems.select do |platform, requirement|
+        Gem::Platform.match_gem?(Gem::Platform.new(platform), "pgbus-hub") && requirement.satisfied_by?(Gem.rubygems_version)
+      end.keys
+    ensure
+      Gem.platforms = saved
+    end
+
+    def gem_for(host, libc)
+      Pgbus::Hub::NATIVE_PLATFORMS.fetch(libc).find { |platform| platform.start_with?("#{host[/\A[^-]+/]}-") }
+    end
+
+    GLIBC_HOSTS.each do |host, what|
+      it "#{host} (#{what}): the glibc gem, never a musl one" do
+        expect(picks(host)).to eq([gem_for(host, :glibc)])
+      end
+    end
+
+    MUSL_HOSTS.each do |host, what|
+      if Gem.rubygems_version >= MUSL_AWARE
+        it "#{host} (#{what}): the musl gem, never the glibc one" do
+          expect(picks(host)).to eq([gem_for(host, :musl)])
+        end
+      else
+        # Older RubyGems read any linux gem as fit for any libc: the musl gem's
+        # required_rubygems_version keeps it from glibc hosts, but on musl such
+        # a RubyGems takes the glibc gem. Musl users need RubyGems >= 3.3.22.
+        it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: not the musl gem (it needs #{MUSL_AWARE}); the glibc gem, as before musl gems" do
+          expect(picks(host)).to eq([gem_for(host, :glibc)])
+        end
+      end
+    end
+  end
 end

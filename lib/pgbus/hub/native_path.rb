@@ -10,6 +10,13 @@ module Pgbus
       "../../pgbus_hub/#{RUBY_VERSION[/\A\d+\.\d+/]}/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}", __dir__
     )
 
+    # The precompiled gems (`rake native`, `rake native:aarch64`), by C library. The
+    # glibc ones say -gnu: RubyGems takes a libc-less `x86_64-linux` gem as fit for
+    # musl hosts too, and then has no rule preferring the musl gem beside it
+    # (rake-compiler-dock's README: never ship -linux beside -linux-musl).
+    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux-gnu aarch64-linux-gnu],
+                         musl: %w[x86_64-linux-musl aarch64-linux-musl] }.freeze
+
     # What differs per platform when cargo builds the extension for the Ruby at
     # hand: the one place extconf.rb (gem install) and the Rakefile (rake compile)
     # ask. `host_os` is RbConfig's: the OS this Ruby was built for.
