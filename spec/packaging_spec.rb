@@ -51,7 +51,7 @@ RSpec.describe "packaged gems", :puma do
   end
 
   it "precompiled: installs without a Rust toolchain, loads its #{MINOR} build, census 1 under Puma" do
-    gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-x86_64-linux-gnu.gem")
+    gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-x86_64-linux.gem")
     expect(File.exist?(gem_file)).to be(true), "no precompiled gem in pkg/ (rake native)"
     Dir.mktmpdir("pgbus-hub-native") do |home|
       no_rust = { "PATH" => path_without_rust }

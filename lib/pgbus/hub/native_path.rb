@@ -11,10 +11,9 @@ module Pgbus
     )
 
     # The precompiled gems (`rake native`, `rake native:aarch64`), by C library. The
-    # glibc ones say -gnu: RubyGems takes a libc-less `x86_64-linux` gem as fit for
-    # musl hosts too, and then has no rule preferring the musl gem beside it
-    # (rake-compiler-dock's README: never ship -linux beside -linux-musl).
-    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux-gnu aarch64-linux-gnu],
+    # glibc ones keep the libc-less names: RubyGems before 3.3.22 (Debian 12's Ruby
+    # 3.1 has 3.3.15) cannot install an `x86_64-linux-gnu` gem at all.
+    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux aarch64-linux],
                          musl: %w[x86_64-linux-musl aarch64-linux-musl] }.freeze
 
     # What differs per platform when cargo builds the extension for the Ruby at
