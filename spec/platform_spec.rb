@@ -5,6 +5,24 @@ require "open3"
 require "rbconfig"
 require "shellwords"
 
+# platform => required_rubygems_version of each precompiled gem, as
+# pgbus-hub.gemspec makes it (the platform checked too).
+module NativeGemRequirements
+  def self.all
+    @all ||= Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.to_h do |platform|
+      out, status = Open3.capture2e({ "PGBUS_HUB_NATIVE_PLATFORM" => platform }, RbConfig.ruby, "-e",
+                                    'spec = Gem::Specification.load("pgbus-hub.gemspec") or abort "gemspec did not load"
+                                     print spec.platform, "|", spec.required_rubygems_version', chdir: ROOT)
+      raise out unless status.success?
+
+      built, requirement = out.split("|")
+      raise "#{platform}: the gemspec made a #{built} gem" unless built == platform
+
+      [platform, Gem::Requirement.new(*requirement.split(", "))]
+    end
+  end
+end
+
 # What each platform gets from the gems (issue 45).
 RSpec.describe "platforms" do
   # The source gem's extconf.rb, run for real in a temp dir by this Ruby, which is
@@ -80,7 +98,7 @@ RSpec.describe "platforms" do
   # to that host's (what `gem install` and Bundler filter candidates with), then
   # the gems whose required_rubygems_version this RubyGems does not meet dropped
   # (as its installer does). The gems' platforms and requirements come from
-  # pgbus-hub.gemspec itself. Hosts as RbConfig::CONFIG["arch"] names them.
+  # pgbus-hub.gemspec itself (NativeGemRequirements). Hosts as RbConfig::CONFIG["arch"] names them.
   describe "RubyGems #{Gem::VERSION} picking a precompiled gem" do
     GLIBC_HOSTS = { "x86_64-linux-gnu" => "Debian/Ubuntu's Ruby", "x86_64-linux" => "a Ruby built from source",
                     "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
@@ -88,25 +106,10 @@ RSpec.describe "platforms" do
     # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
     MUSL_AWARE = Gem::Version.new("3.3.22")
 
-    # platform => required_rubygems_version of each precompiled gem, from the gemspec.
-    def self.native_gems
-      @native_gems ||= Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.to_h do |platform|
-        out, status = Open3.capture2e({ "PGBUS_HUB_NATIVE_PLATFORM" => platform }, RbConfig.ruby, "-e",
-                                      'spec = Gem::Specification.load("pgbus-hub.gemspec") or abort "gemspec did not load"
-                                       print spec.platform, "|", spec.required_rubygems_version', chdir: ROOT)
-        raise out unless status.success?
-
-        built, requirement = out.split("|")
-        raise "#{platform}: the gemspec made a #{built} gem" unless built == platform
-
-        [platform, Gem::Requirement.new(*requirement.split(", "))]
-      end
-    end
-
     def picks(host)
       saved = Gem.platforms
       Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.new(host)]
-      self.class.native_gems.select do |platform, requirement|
+      NativeGemRequirements.all.select do |platform, requirement|
         Gem::Platform.match_gem?(Gem::Platform.new(platform), "pgbus-hub") && requirement.satisfied_by?(Gem.rubygems_version)
       end.keys
     ensure
@@ -135,9 +138,8 @@ RSpec.describe "platforms" do
     MUSL_HOSTS.each do |host, what|
       if Gem.rubygems_version >= MUSL_AWARE
         # RubyGems lets a libc-less linux gem onto musl hosts too (platform.rb: a
-        # nil version matches "musl"); Bundler then takes the exact platform. Plain
-        # `gem install` (RubyGems 3.6.7's installer sorts by version and ruby-or-not
-        # only) has no rule between the two: Alpine users install through Bundler.
+        # nil version matches "musl"); Bundler then takes the exact platform, and
+        # `gem install` takes the musl gem as well (the next group installs).
         it "#{host} (#{what}): the musl gem is fit, and Bundler takes it over the glibc one" do
           expect(picks(host)).to include(gem_for(host, :musl))
           expect(bundler_pick(host)).to eq(gem_for(host, :musl))
@@ -149,6 +151,75 @@ RSpec.describe "platforms" do
         it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: not the musl gem (it needs #{MUSL_AWARE}); the glibc gem, as before musl gems" do
           expect(picks(host)).to eq([gem_for(host, :glibc)])
         end
+      end
+    end
+  end
+
+  # The same question asked of RubyGems' installer end to end: `gem install pgbus-hub`
+  # from a gem source (file://, written here in RubyGems' index format) holding a
+  # source gem and the four precompiled ones, empty stand-ins carrying the real
+  # gemspec's platform and required_rubygems_version; the host's identity is
+  # RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
+  describe "`gem install` (RubyGems #{Gem::VERSION}) from a source with every gem" do
+    require "rubygems/package"
+    require "zlib"
+
+    before(:all) do
+      @source = Dir.mktmpdir("pgbus-hub-gem-source")
+      gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all)
+      specs = gems.map do |platform, requirement|
+        Gem::Specification.new do |spec|
+          spec.name = "pgbus-hub"
+          spec.version = Pgbus::Hub::VERSION
+          spec.summary = "stand-in for #{platform}"
+          spec.authors = ["pgbus-hub developers"]
+          spec.platform = platform
+          spec.required_rubygems_version = requirement
+        end
+      end
+      FileUtils.mkdir_p([File.join(@source, "gems"), File.join(@source, "quick", "Marshal.4.8")])
+      specs.each do |spec|
+        Dir.chdir(File.join(@source, "gems")) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } }
+        File.binwrite(File.join(@source, "quick", "Marshal.4.8", "#{spec.full_name}.gemspec.rz"), Gem.deflate(Marshal.dump(spec)))
+      end
+      index = specs.map { |spec| [spec.name, spec.version, spec.platform.to_s] }
+      { "specs" => index, "latest_specs" => index, "prerelease_specs" => [] }.each do |name, tuples|
+        Zlib::GzipWriter.open(File.join(@source, "#{name}.4.8.gz")) { |gz| gz.write(Marshal.dump(tuples)) }
+      end
+      @fake = File.join(@source, "host.rb")
+      File.write(@fake, <<~RUBY)
+        RbConfig::CONFIG["arch"] = ENV.fetch("PGBUS_HUB_FAKE_ARCH")
+        Gem::Platform.instance_variable_set(:@local, nil)
+        Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.local]
+      RUBY
+    end
+
+    after(:all) { FileUtils.rm_rf(@source) }
+
+    def installs_on(host)
+      Dir.mktmpdir("pgbus-hub-gem-home") do |home|
+        out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
+                                      RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
+                                      "--source", "file://#{@source}/", "--no-document", "pgbus-hub")
+        expect(status).to be_success, out
+        Dir.children(File.join(home, "gems"))
+      end
+    end
+
+    def gem_dir(platform) = "pgbus-hub-#{Pgbus::Hub::VERSION}-#{platform}"
+
+    %w[x86_64-linux-gnu x86_64-linux aarch64-linux-gnu].each do |host|
+      it "#{host}: the glibc gem" do
+        expect(installs_on(host)).to eq([gem_dir(host.delete_suffix("-gnu"))])
+      end
+    end
+
+    %w[x86_64-linux-musl aarch64-linux-musl].each do |host|
+      glibc = host.delete_suffix("-musl")
+      if Gem.rubygems_version >= MUSL_AWARE
+        it("#{host}: the musl gem") { expect(installs_on(host)).to eq([gem_dir(host)]) }
+      else
+        it("#{host}: the glibc gem (the musl one needs RubyGems >= #{MUSL_AWARE})") { expect(installs_on(host)).to eq([gem_dir(glibc)]) }
       end
     end
   end
