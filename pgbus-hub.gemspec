@@ -1,13 +1,15 @@
 # frozen_string_literal: true
 
 require_relative "lib/pgbus/hub/version"
+require_relative "lib/pgbus/hub/native_path"
 
 # Two gems from this file (rake gem / rake native, see the Rakefile):
 # - the source gem (platform ruby): both crates, built by extconf.rb with cargo
 #   at install time; `rake gem` adds the vendored crates (vendor/cargo), so it
 #   builds offline;
-# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux: a precompiled gem carrying one
-#   library per Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
+# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux (or another of
+#   Pgbus::Hub::NATIVE_PLATFORMS): a precompiled gem carrying one library per
+#   Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
 native_platform = ENV.fetch("PGBUS_HUB_NATIVE_PLATFORM", "")
 
 Gem::Specification.new do |spec|
@@ -28,16 +30,21 @@ Gem::Specification.new do |spec|
     # Exactly what the build needs: both crates, the workspace manifest and lock
     # file, and the vendored crates when `rake gem` put them there. Never
     # target/, tmp/, fuzz corpora or specs.
-    spec.files += Dir["ext/pgbus_hub/extconf.rb", "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/**/*.rs",
+    spec.files += Dir["ext/pgbus_hub/extconf.rb", "ext/pgbus_hub/build.rs", "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/**/*.rs",
                       "ext/pgbus_hub_core/Cargo.toml", "ext/pgbus_hub_core/src/**/*.rs", "Cargo.toml", "Cargo.lock"]
     spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
     spec.extensions = ["ext/pgbus_hub/extconf.rb"]
   else
     built = Dir["lib/pgbus_hub/*/pgbus_hub.so"].sort
     minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
+    known = Pgbus::Hub::NATIVE_PLATFORMS.values.flatten
+    raise "PGBUS_HUB_NATIVE_PLATFORM=#{native_platform}: not one of #{known.join(', ')}" unless known.include?(native_platform)
     raise "PGBUS_HUB_NATIVE_PLATFORM: no lib/pgbus_hub/<minor>/pgbus_hub.so (run rake native)" if minors.empty?
 
     spec.platform = Gem::Platform.new(native_platform)
+    # RubyGems before 3.3.22 reads any linux gem as fit for any libc: a musl gem
+    # must never reach a glibc host through one of those.
+    spec.required_rubygems_version = ">= 3.3.22" if native_platform.end_with?("-musl")
     spec.files += built
     # The Rubies built for, from the oldest to the newest minor (a minor in
     # between without a build gets the load error naming the ones inside).

@@ -4,6 +4,7 @@ require "tmpdir"
 require "fileutils"
 require "open3"
 require "rbconfig"
+require "rubygems/package"
 require_relative "support/puma_apps/e2e_helpers"
 
 # The gems `rake gem` and `rake native` put in pkg/ (run with PGBUS_HUB_PKG=1
@@ -11,6 +12,8 @@ require_relative "support/puma_apps/e2e_helpers"
 # - the precompiled gem installs with no Rust toolchain on PATH into an empty
 #   GEM_HOME, loads its library from there and serves a 4-worker Puma cluster
 #   on one LISTEN connection;
+# - the musl gems (no musl Ruby here): their platform, the RubyGems they need, one
+#   library per minor, each passing bin/cross-musl's checks against Debian 12's musl;
 # - the source gem installs with crates.io unreachable (an empty CARGO_HOME,
 #   CARGO_NET_OFFLINE=true): everything it compiles is inside it.
 RSpec.describe "packaged gems", :puma do
@@ -48,8 +51,8 @@ RSpec.describe "packaged gems", :puma do
   end
 
   it "precompiled: installs without a Rust toolchain, loads its #{MINOR} build, census 1 under Puma" do
-    gem_file = Dir[File.join(PKG, "pgbus-hub-*-x86_64-linux.gem")].max
-    expect(gem_file).not_to be_nil, "no precompiled gem in pkg/ (rake native)"
+    gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-x86_64-linux.gem")
+    expect(File.exist?(gem_file)).to be(true), "no precompiled gem in pkg/ (rake native)"
     Dir.mktmpdir("pgbus-hub-native") do |home|
       no_rust = { "PATH" => path_without_rust }
       expect(system(no_rust, "sh", "-c", "command -v cargo || command -v rustc", out: File::NULL)).to be(false)
@@ -74,6 +77,25 @@ RSpec.describe "packaged gems", :puma do
       expect(status).not_to be_success
       expect(out).to match(/pgbus-hub has no native extension for Ruby #{MINOR} here \(built for \d+\.\d+.*\): install the source gem/)
       puts "  [precompiled gem on Ruby #{RUBY_VERSION}: installed without cargo, census 1, 4 workers on the hub]"
+    end
+  end
+
+  it "musl gems: platform, RubyGems >= 3.3.22, a library per minor needing musl's libc alone" do
+    Pgbus::Hub::NATIVE_PLATFORMS.fetch(:musl).each do |platform|
+      gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-#{platform}.gem")
+      expect(File.exist?(gem_file)).to be(true), "no #{platform} gem in pkg/ (rake native)"
+      package = Gem::Package.new(gem_file)
+      expect(package.spec.platform.to_s).to eq(platform)
+      expect(package.spec.required_rubygems_version.to_s).to eq(">= 3.3.22")
+      libraries = package.contents.grep(%r{\Alib/pgbus_hub/})
+      expect(libraries).to eq(%w[3.1 3.3 3.4].map { |minor| "lib/pgbus_hub/#{minor}/pgbus_hub.so" })
+      Dir.mktmpdir("pgbus-hub-musl") do |dir|
+        package.extract_files(dir)
+        out, status = Open3.capture2e(File.join(ROOT, "bin", "cross-musl"), platform[/\A[^-]+/], "check",
+                                      *libraries.map { |lib| File.join(dir, lib) })
+        expect(status).to be_success, out
+        expect(out.lines.grep(/needs \[libc\.so\] only/).size).to eq(3), out
+      end
     end
   end
 

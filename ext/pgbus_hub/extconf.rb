@@ -3,7 +3,8 @@
 # Writes the Makefile RubyGems runs (`make clean`, `make`, `make install`).
 # It drives cargo directly: the rb_sys gem and rake-compiler are not needed.
 #
-#   make          cargo build --release --locked, copy lib<crate>.so to ./pgbus_hub.<DLEXT>
+#   make          cargo build --release --locked, copy the library cargo wrote
+#                 (libpgbus_hub.so; .dylib on macOS) to ./pgbus_hub.<DLEXT>
 #   make install  copy it into $(DESTDIR)$(sitearchdir). The default is Ruby's
 #                 sitearchdir; RubyGems (3.6+) passes `sitearchdir=./.gem.XXXX` on the
 #                 command line, which overrides it, and then moves the file into the
@@ -15,6 +16,11 @@
 
 require "rbconfig"
 require "shellwords"
+require_relative "../../lib/pgbus/hub/native_path"
+
+build = Pgbus::Hub::CargoBuild
+reason = build.unsupported
+abort reason if reason
 
 cargo = ENV.fetch("CARGO", "cargo")
 unless system(cargo, "--version", out: File::NULL, err: File::NULL)
@@ -26,10 +32,11 @@ source_root = File.expand_path("../..", __dir__)
 manifest = File.join(source_root, "Cargo.toml")
 target_env = ENV["CARGO_TARGET_DIR"]
 target_dir = target_env && !target_env.empty? ? File.expand_path(target_env) : File.join(Dir.pwd, "target")
-built = File.join(target_dir, "release", "libpgbus_hub.so")
+built = File.join(target_dir, "release", build.library)
 # The source gem built by `rake gem` carries every crate (vendor/cargo): it
 # builds without crates.io.
 vendored = File.join(source_root, "vendor", "cargo")
+cargo_args = build.cargo_args
 offline = if File.directory?(vendored)
             ["--offline", "--config", 'source.crates-io.replace-with="vendored-sources"',
              "--config", "source.vendored-sources.directory=#{vendored.inspect}"]
@@ -56,7 +63,7 @@ File.write("Makefile", <<~MAKE)
   # every gem install (and again at the next `rake compile`). The Rust build
   # embeds no timestamps, so cargo runs without it.
   $(DLIB):
-  \tenv -u SOURCE_DATE_EPOCH RUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked #{offline.map(&sh).join(" ")} --manifest-path #{sh[manifest]} -p pgbus_hub
+  \tenv -u SOURCE_DATE_EPOCH RUBY=$(RUBY) CARGO_TARGET_DIR=$(TARGET_DIR) $(CARGO) build --release --locked #{(cargo_args + offline).map(&sh).join(" ")} --manifest-path #{sh[manifest]} -p pgbus_hub
   \tcp #{sh[built]} $(DLIB)
 
   install: $(DLIB)

@@ -9,5 +9,47 @@ module Pgbus
     NATIVE_DEV_PATH = File.expand_path(
       "../../pgbus_hub/#{RUBY_VERSION[/\A\d+\.\d+/]}/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}", __dir__
     )
+
+    # The precompiled gems (`rake native`, `rake native:aarch64`), by C library. The
+    # glibc ones keep the libc-less names: RubyGems before 3.3.22 (Debian 12's Ruby
+    # 3.1 has 3.3.15) cannot install an `x86_64-linux-gnu` gem at all.
+    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux aarch64-linux],
+                         musl: %w[x86_64-linux-musl aarch64-linux-musl] }.freeze
+
+    # What differs per platform when cargo builds the extension for the Ruby at
+    # hand: the one place extconf.rb (gem install) and the Rakefile (rake compile)
+    # ask. `host_os` is RbConfig's: the OS this Ruby was built for.
+    module CargoBuild
+      module_function
+
+      # nil where the extension can be built, else the sentence `gem install` stops with.
+      def unsupported(host_os = RbConfig::CONFIG["host_os"])
+        return unless host_os.match?(/mswin|mingw/)
+
+        "pgbus-hub does not run on Windows: it shares one PostgreSQL LISTEN connection between the forked " \
+          "workers of a preforking server over a Unix socket, and Windows has neither fork nor such servers (WSL works)."
+      end
+
+      # The file cargo writes for the cdylib. Cargo names it after the *target*
+      # OS (Apple: lib<name>.dylib; Linux and the BSDs: lib<name>.so), which is
+      # not what Ruby calls its extensions (DLEXT: `bundle` on macOS), so the
+      # mapping is spelled out rather than taken from RbConfig.
+      def library(host_os = RbConfig::CONFIG["host_os"])
+        host_os.include?("darwin") ? "libpgbus_hub.dylib" : "libpgbus_hub.so"
+      end
+
+      # Extra `cargo build` arguments. A musl Ruby: Rust's musl targets link
+      # statically by default (crt-static) and then build no cdylib at all
+      # ("dropping unsupported crate type `cdylib`"), so crt-static is turned
+      # off. Given as --config, which adds to a user's own config-file
+      # rustflags; a RUSTFLAGS environment variable replaces every config
+      # rustflags (cargo's rule), this one too. Alpine's own cargo defaults to
+      # dynamic already; the flag changes nothing there.
+      def cargo_args(host_os = RbConfig::CONFIG["host_os"])
+        return [] unless host_os.include?("musl")
+
+        ["--config", %(target.'cfg(target_env = "musl")'.rustflags = ["-C", "target-feature=-crt-static"])]
+      end
+    end
   end
 end
