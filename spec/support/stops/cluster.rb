@@ -59,18 +59,21 @@ module Stops
         comm = File.read("#{task}/comm").strip rescue "?" # rubocop:disable Style/RescueModifier
         state = File.read("#{task}/stat").split(") ").last.split[0] rescue "?" # rubocop:disable Style/RescueModifier
         wchan = File.read("#{task}/wchan") rescue "?" # rubocop:disable Style/RescueModifier
-        "#{File.basename(task)} #{comm.ljust(16)} #{state} #{wchan}"
+        syscall = File.read("#{task}/syscall").strip rescue "?" # rubocop:disable Style/RescueModifier
+        "#{File.basename(task)} #{comm.ljust(16)} #{state} #{wchan.ljust(32)} syscall #{syscall}"
       end
+      fds = ->(of) { Dir.glob("/proc/#{of}/fd/*").sort_by { |f| File.basename(f).to_i }.map { |f| "#{File.basename(f)} -> #{File.readlink(f) rescue '?'}" } } # rubocop:disable Style/RescueModifier
       native = if system("command -v gdb >/dev/null 2>&1")
                  out, = Open3.capture2e("timeout", "30", "gdb", "-p", pid.to_s, "-batch", "-nx", "-ex", "set pagination off",
                                         "-ex", "thread apply all bt 40")
-                 out.lines.grep_v(/^\[New LWP|^warning:|^Downloading|^\[Thread debugging/).join
+                 out.lines.grep_v(/^\[New LWP|^warning:|^Downloading|^\[Thread debugging|^Using host libthread_db/).join
                else
                  "(no gdb in this chroot: apt-get install gdb for native backtraces)\n"
                end
       ["### worker #{pid}: marks #{marks(pid).inspect}", "## Ruby threads (SIGWINCH)",
        ruby || "(no answer to SIGWINCH within 3 s: its main thread does not run Ruby code)",
-       "## native threads (tid name state wchan)", *tasks, "## native backtraces (gdb)", native].join("\n")
+       "## native threads (tid name state wchan syscall)", *tasks, "## its descriptors", *fds.call(pid),
+       "## the master's (#{@pid}) descriptors", *fds.call(@pid), "## native backtraces (gdb)", native].join("\n")
     end
   end
 end

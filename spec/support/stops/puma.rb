@@ -59,5 +59,11 @@ public_send(boot) do
   end
   at_exit { mark.call("at_exit") }
   mark.call("booted")
+  Thread.new do # Puma's server pipe as its server runs (it is made right after this hook)
+    sleep 2
+    ObjectSpace.each_object(Puma::Server) do |server|
+      mark.call("server_pipe_#{server.instance_variable_get(:@check)&.fileno}_#{server.instance_variable_get(:@notify)&.fileno}")
+    end
+  end
 end
 public_send(shutdown) { mark.call("server_stopped") }
