@@ -34,8 +34,9 @@ module Stops
   # One stop's figures: kind, when (s after the run began), each old worker's end (s after its
   # stop), the ones that lingered (> LINGER s) with their dump files; served_s: when every
   # client was subscribed again (USR2: on a new worker; USR1: the longest client's gap).
-  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :lingered, :missed, :lost, :detail,
-                    keyword_init: true)
+  # served_by_kind / missed_per_client: the same per client kind (cable, stream), per client.
+  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :missed,
+                    :missed_per_client, :lost, :detail, keyword_init: true)
 
   # The stops of one app (adapter), run in a thread of its own beside the other app's.
   class AppStops
@@ -132,7 +133,7 @@ module Stops
       gone = watch(app, old.to_h { |pid| [pid, at] })
       app.puma.wait_for("4 new workers of #{@adapter}", timeout: 90) { (app.puma.worker_pids - old).size == 4 }
       served = served_again(app, old, at)
-      stop("usr2", at, gone, served_s: served)
+      stop("usr2", at, gone, served_s: served.values.max, served_by_kind: served)
     end
 
     def phased_restart(app)
@@ -143,10 +144,12 @@ module Stops
       app.puma.wait_for("4 new workers of #{@adapter}", timeout: 120) { (app.puma.worker_pids - old).size == 4 }
       served_again(app, old, at)
       # The longest any client went without service: from a session's end to its next confirmation.
-      gaps = app.clients.map do |client|
-        client.sessions.each_cons(2).filter_map { |a, b| b.confirmed_at - a.ended_at if a.ended_at && a.ended_at >= at }.max || 0
+      gaps = app.clients.group_by { |c| c.name[%r{/([a-z]+)\d+\z}, 1] }.transform_values do |clients|
+        clients.map do |client|
+          client.sessions.each_cons(2).filter_map { |a, b| b.confirmed_at - a.ended_at if a.ended_at && a.ended_at >= at }.max || 0
+        end.max.round(2)
       end
-      stop("usr1", at, gone, served_s: gaps.max&.round(2))
+      stop("usr1", at, gone, served_s: gaps.values.max, served_by_kind: gaps)
     end
 
     def terminate(app)
@@ -163,13 +166,16 @@ module Stops
                detail: gone[:detail], **figures)
     end
 
-    # Every client subscribed on a worker not in +old+ (bounded); seconds from +at+ to the last one.
+    # Every client subscribed on a worker not in +old+ (bounded); per client kind (cable,
+    # stream), seconds from +at+ to the last one.
     def served_again(app, old, at)
       app.puma.wait_for("every #{@adapter} client served by a new worker", timeout: 90) do
         app.clients.all? { |c| (pid = c.current_pid) && !old.include?(pid) }
       end
-      app.clients.map { |c| c.sessions.find { |s| !old.include?(s.pid) && s.confirmed_at >= at }&.confirmed_at }
-         .compact.max.then { |last| last && (last - at).round(2) }
+      app.clients.group_by { |c| c.name[%r{/([a-z]+)\d+\z}, 1] }.transform_values do |clients|
+        clients.filter_map { |c| c.sessions.find { |s| !old.include?(s.pid) && s.confirmed_at >= at }&.confirmed_at }
+               .max.then { |last| last && (last - at).round(2) }
+      end
     end
 
     # Polls the old workers until all are gone (bounded): +stops+ maps each to when it was told
@@ -212,6 +218,7 @@ module Stops
     def account(stops, app, publisher)
       app.clients.each(&:stop)
       missed = lost = 0
+      missed_by_kind = Hash.new(0)
       pubs = publisher.pubs[app.adapter]
       app.clients.each do |client|
         got = client.arrivals.to_set(&:first)
@@ -220,13 +227,18 @@ module Stops
           next if got.include?(seq)
 
           connected = sessions.any? { |s| s.confirmed_at <= t && (s.ended_at.nil? || committed + Soak::GRACE <= s.ended_at) }
-          connected ? lost += 1 : missed += 1
+          next lost += 1 if connected
+
+          missed += 1
+          missed_by_kind[client.name[%r{/([a-z]+)\d+\z}, 1]] += 1
         end
       end
+      clients_by_kind = app.clients.map { |c| c.name[%r{/([a-z]+)\d+\z}, 1] }.tally
       stops = [stops].flatten # Array() would take a Struct for its members
       stops.each do |stop|
         stop.missed = (missed.to_f / stops.size).round(1)
         stop.lost = (lost.to_f / stops.size).round(1)
+        stop.missed_per_client = clients_by_kind.to_h { |kind, n| [kind, (missed_by_kind[kind].to_f / n / stops.size).round(1)] }
       end
     end
   end
@@ -269,6 +281,10 @@ module Stops
         { stops: stops.size, lingered: stops.count { |s| s.lingered.any? },
           workers_gone_s: spread(gone), master_gone_s: spread(stops.filter_map(&:master_gone_s)),
           served_again_s: served.empty? ? nil : spread(served),
+          served_again_by_kind_s: stops.filter_map(&:served_by_kind).flat_map(&:to_a).group_by(&:first)
+                                       .transform_values { |pairs| spread(pairs.map(&:last).compact) },
+          missed_per_client_per_stop: stops.filter_map(&:missed_per_client).flat_map(&:to_a).group_by(&:first)
+                                           .transform_values { |pairs| (pairs.sum(&:last) / pairs.size).round(1) },
           missed_while_disconnected: stops.sum { |s| s.missed || 0 }.round, lost_while_connected: stops.sum { |s| s.lost || 0 }.round,
           lingering: stops.flat_map(&:lingered) }
       end
@@ -287,13 +303,14 @@ module Stops
     out.puts "", "=== stops: #{data[:settings][:cycles]} cycles, #{data[:settings][:clients]} WebSocket " \
                  "(+ as many streaming HTTP on pgbus_hub) clients, #{data[:settings][:rate]} msg/s ==="
     out.puts "| app | stop | stops | a worker alive > 5 s | old workers gone p50 / max s | master gone p50 / max s | " \
-             "every client served again p50 / max s | missed while disconnected | lost while connected |"
+             "every client served again p50 / max s | missed while disconnected (per client and stop) | lost while connected |"
     out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     data[:apps].each do |adapter, app|
       app[:kinds].each do |kind, k|
         fmt = ->(s) { s ? "#{s[:p50]} / #{s[:max]}" : "-" }
         out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} | #{fmt.call(k[:workers_gone_s])} | " \
-                 "#{fmt.call(k[:master_gone_s])} | #{fmt.call(k[:served_again_s])} | #{k[:missed_while_disconnected]} | " \
+                 "#{fmt.call(k[:master_gone_s])} | #{fmt.call(k[:served_again_s])} | #{k[:missed_while_disconnected]} " \
+                 "(#{k[:missed_per_client_per_stop].map { |kind, n| "#{kind} #{n}" }.join(', ')}) | " \
                  "#{k[:lost_while_connected]} |"
       end
     end
