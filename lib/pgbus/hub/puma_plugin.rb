@@ -46,7 +46,7 @@ module Pgbus
 
       # Puma up to 8.0.2 (puma#3677; fixed on its main branch by puma#3940, in no release yet): a server
       # stopping can wedge for good in IO#close of its notify pipe, which Ruby (3.3, 3.4) never lets
-      # return once the TERM trap's write to that pipe was interrupted by the close (docs/deploys.md).
+      # return once the TERM trap's write to that pipe was interrupted by the close (docs/puma-stop-wedge.md).
       # A worker then serves its hijacked sockets until the master kills it at worker_shutdown_timeout
       # (30 s), and a hot restart serves no one meanwhile. As a server stops, a thread watches the
       # server's thread: one that sat SECONDS in IO#close is ended, and the worker exits as Puma means

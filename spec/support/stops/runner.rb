@@ -35,8 +35,9 @@ module Stops
   # stop), the ones that lingered (> LINGER s) with their dump files; served_s: when every
   # client was subscribed again (USR2: on a new worker; USR1: the longest client's gap).
   # served_by_kind / missed_per_client: the same per client kind (cable, stream), per client.
-  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :missed,
-                    :missed_per_client, :lost, :detail, keyword_init: true)
+  # killed: old workers that never ran their at_exit (puma.rb marks it): the master SIGKILLed them.
+  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :killed,
+                    :missed, :missed_per_client, :lost, :detail, keyword_init: true)
 
   # The stops of one app (adapter), run in a thread of its own beside the other app's.
   class AppStops
@@ -162,8 +163,9 @@ module Stops
     end
 
     def stop(kind, at, gone, **figures)
+      killed = gone[:detail].reject { |_, marks| marks.key?("at_exit") }.keys
       Stop.new(kind: kind, at: (at - @t0).round(1), workers_gone_s: gone[:gone].values, lingered: gone[:lingered],
-               detail: gone[:detail], **figures)
+               killed: killed, detail: gone[:detail], **figures)
     end
 
     # Every client subscribed on a worker not in +old+ (bounded); per client kind (cable,
@@ -278,7 +280,7 @@ module Stops
       by_kind = run.stops.group_by(&:kind).transform_values do |stops|
         gone = stops.map { |s| s.workers_gone_s.max || 0 }
         served = stops.filter_map(&:served_s)
-        { stops: stops.size, lingered: stops.count { |s| s.lingered.any? },
+        { stops: stops.size, lingered: stops.count { |s| s.lingered.any? }, killed: stops.sum { |s| s.killed.size },
           workers_gone_s: spread(gone), master_gone_s: spread(stops.filter_map(&:master_gone_s)),
           served_again_s: served.empty? ? nil : spread(served),
           served_again_by_kind_s: stops.filter_map(&:served_by_kind).flat_map(&:to_a).group_by(&:first)
@@ -302,13 +304,13 @@ module Stops
   def print(data, out)
     out.puts "", "=== stops: #{data[:settings][:cycles]} cycles, #{data[:settings][:clients]} WebSocket " \
                  "(+ as many streaming HTTP on pgbus_hub) clients, #{data[:settings][:rate]} msg/s ==="
-    out.puts "| app | stop | stops | a worker alive > 5 s | old workers gone p50 / max s | master gone p50 / max s | " \
+    out.puts "| app | stop | stops | a worker alive > 5 s (workers killed) | old workers gone p50 / max s | master gone p50 / max s | " \
              "every client served again p50 / max s | missed while disconnected (per client and stop) | lost while connected |"
     out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     data[:apps].each do |adapter, app|
       app[:kinds].each do |kind, k|
         fmt = ->(s) { s ? "#{s[:p50]} / #{s[:max]}" : "-" }
-        out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} | #{fmt.call(k[:workers_gone_s])} | " \
+        out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} (#{k[:killed]}) | #{fmt.call(k[:workers_gone_s])} | " \
                  "#{fmt.call(k[:master_gone_s])} | #{fmt.call(k[:served_again_s])} | #{k[:missed_while_disconnected]} " \
                  "(#{k[:missed_per_client_per_stop].map { |kind, n| "#{kind} #{n}" }.join(', ')}) | " \
                  "#{k[:lost_while_connected]} |"
