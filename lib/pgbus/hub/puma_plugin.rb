@@ -36,11 +36,56 @@ module Pgbus
           log.info("[pgbus-hub] single mode: no master hub; the process uses its own listener")
         end
         PumaPlugin.hook(launcher.events, :after_stopped, :on_stopped) { Boot.teardown("stop") }
+        StuckClose.watch(launcher.events, log)
       end
 
       # Puma 7 renamed the hooks (the old names warn, 7.0.0 lacked them).
       def self.hook(target, modern, legacy, &block)
         target.public_send(target.respond_to?(modern) ? modern : legacy, &block)
+      end
+
+      # Puma up to 8.0.2 (puma#3677; fixed on its main branch by puma#3940, in no release yet): a server
+      # stopping can wedge for good in IO#close of its notify pipe, which Ruby (3.3, 3.4) never lets
+      # return once the TERM trap's write to that pipe was interrupted by the close (docs/puma-stop-wedge.md).
+      # A worker then serves its hijacked sockets until the master kills it at worker_shutdown_timeout
+      # (30 s), and a hot restart serves no one meanwhile. As a server stops, a thread watches the
+      # server's thread: one that sat SECONDS in IO#close is ended, and the worker exits as Puma means
+      # it to (its shutdown hooks, at_exit). A close that returns is never touched.
+      module StuckClose
+        SECONDS = 1.0
+        POLL = 0.25
+
+        # Puma's generic Events#register (5.6 to 8): the server fires :state on its own thread.
+        def self.watch(events, log)
+          return unless events.respond_to?(:register)
+
+          events.register(:state) do |state|
+            next unless %i[stop restart].include?(state)
+
+            server = Thread.current
+            Thread.new { watch_thread(server, log) }.tap { |t| t.name = "pgbus-hub stop watch" }
+          end
+        end
+
+        # Bounded by the server thread's life.
+        def self.watch_thread(server, log)
+          since = nil
+          while server.alive?
+            sleep POLL
+            top = server.backtrace_locations(0, 1)&.first
+            next since = nil unless top&.base_label == "close"
+
+            since ||= ::Process.clock_gettime(::Process::CLOCK_MONOTONIC)
+            next if ::Process.clock_gettime(::Process::CLOCK_MONOTONIC) - since < SECONDS
+
+            log.warn("[pgbus-hub] Puma's server thread sat #{SECONDS} s in IO#close at #{top.path}:#{top.lineno} " \
+                     "as it stopped (puma#3677): ended, so this process exits now rather than when Puma kills it")
+            server.kill
+            break
+          end
+        rescue StandardError => e
+          log.warn("[pgbus-hub] stop watch raised #{e.class}: #{e.message}")
+        end
       end
 
       # Code preloaded by a Puma cluster master (Puma's public cli_config;

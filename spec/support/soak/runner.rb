@@ -8,6 +8,7 @@ require_relative "../puma_apps/harness"
 require_relative "proxy"
 require_relative "clients"
 require_relative "report"
+require_relative "publisher"
 
 module Soak
   FAULTS = %w[terminate_listen kill9 pg_restart sigstop usr2 terminate_all blackhole].freeze
@@ -43,7 +44,8 @@ module Soak
   class App
     attr_reader :adapter, :db, :proxy, :puma, :cable_room, :stream_channel, :clients
 
-    def initialize(adapter, pg, tag)
+    # cluster: the PumaCluster class to run (rake stops runs its own config); env: more variables for Puma.
+    def initialize(adapter, pg, tag, cluster: PumaCluster, env: {})
       @adapter = adapter
       @db = "soak_#{adapter}"
       @cable_room = "soak_#{tag}_cable"
@@ -51,8 +53,8 @@ module Soak
       @proxy = Proxy.new("127.0.0.1", pg.port)
       url = "postgres://root@127.0.0.1:#{@proxy.port}/#{@db}"
       env = { "PGBUS_E2E_RACKUP" => RACKUP, "SOAK_CABLE_ADAPTER" => adapter, "DATABASE_URL" => url,
-              "PGBUS_E2E_DATABASE_URL" => url, "RAILS_ENV" => "production", "RAILS_LOG_TO_STDOUT" => "1" }
-      @puma = PumaCluster.new(mode: :standalone, plugins: hub? ? "pgbus_hub" : "", env: env)
+              "PGBUS_E2E_DATABASE_URL" => url, "RAILS_ENV" => "production", "RAILS_LOG_TO_STDOUT" => "1", **env }
+      @puma = cluster.new(mode: :standalone, plugins: hub? ? "pgbus_hub" : "", env: env)
       @clients = []
     end
 
@@ -104,8 +106,6 @@ module Soak
       @tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
       @stopped = [] # SIGSTOPped pids, continued whatever happens
       @samples = []
-      @pubs = {}
-      @publish_errors = Hash.new(0)
     end
 
     def run
@@ -143,7 +143,7 @@ module Soak
         log "#{app.adapter}: #{app.clients.size} clients on #{spread.size} workers (#{spread.join('/')})"
       end
       @t0 = Soak.now
-      @publisher = Thread.new { publish(@t0 + @total + 5) }
+      @publisher = Publisher.new(@pg, @apps, rate: @settings.rate, log: method(:log)).start(@t0 + @total + 5)
       @snapshots = [snapshot]
     end
 
@@ -165,8 +165,7 @@ module Soak
     end
 
     def finish
-      @stop_publishing = true
-      @publisher.join(10)
+      @publisher.stop
       sleep DRAIN
       @stop_times = {}
       @apps.map do |app|
@@ -180,8 +179,8 @@ module Soak
       @apps.each { |app| app.clients.each(&:stop) }
       @stop_monitor = true
       @monitor.join(5)
-      data = Report.new(@apps, pubs: @pubs, fires: @fires, samples: @samples, snapshots: @snapshots,
-                               t0: @t0, finish: @end, stop_times: @stop_times, publish_errors: @publish_errors,
+      data = Report.new(@apps, pubs: @publisher.pubs, fires: @fires, samples: @samples, snapshots: @snapshots,
+                               t0: @t0, finish: @end, stop_times: @stop_times, publish_errors: @publisher.errors,
                                settings: @settings).build
       Report.print(data, @out)
       File.write(@settings.report, JSON.pretty_generate(data)) if @settings.report
@@ -200,7 +199,7 @@ module Soak
       when "terminate_listen"
         @apps.to_h { |app| [app.adapter, admin_sql(terminate_sql(app, listen_only: true), [app.db])] }
       when "terminate_all"
-        @apps.to_h { |app| [app.adapter, admin_sql(terminate_sql(app, listen_only: false), [app.db, publisher_pids])] }
+        @apps.to_h { |app| [app.adapter, admin_sql(terminate_sql(app, listen_only: false), [app.db, @publisher.backend_pids])] }
       when "kill9"
         @apps.to_h { |app| [app.adapter, app.busiest_worker.tap { |pid| Process.kill("KILL", pid) if pid }] }
       when "sigstop"
@@ -240,51 +239,12 @@ module Soak
       app.hub? ? "#{base} and application_name = 'pgbus-listen'" : "#{base} and application_name like 'ActionCable-PID-%'"
     end
 
-    def publisher_pids = "{#{(@publisher_backends || {}).values.compact.join(',')}}"
 
     def admin_sql(sql, params)
       conn = PG.connect(@pg.url.sub("user=root", "user=root connect_timeout=3"))
       conn.exec_params(sql, params).getvalue(0, 0).to_i
     ensure
       conn&.close
-    end
-
-    # Sequence-numbered messages at the configured rate, to both paths of every
-    # app, straight to the cluster (not through the proxies): each is
-    # {seq, t} on the ActionCable room and "SEQ T" on the stream channel, in one
-    # statement; recorded [t, committed_at] only once it committed.
-    def publish(deadline)
-      conns = {}
-      @publisher_backends = {}
-      tick = 1.0 / @settings.rate
-      seq = 0
-      next_at = Soak.now
-      until @stop_publishing || Soak.now > deadline
-        seq += 1
-        @apps.each do |app|
-          t = Soak.now
-          conn = conns[app.adapter] ||= PG.connect(@pg.url(dbname: app.db).sub("user=root", "user=root connect_timeout=2"))
-                                          .tap { |c| @publisher_backends[app.adapter] = c.backend_pid }
-          payload = JSON.generate(seq: seq, t: t)
-          if app.hub?
-            conn.exec_params("select pg_notify($1, $2), pg_notify($3, $4)",
-                             [app.cable_room, payload, app.stream_channel, "#{seq} #{t}"])
-          else
-            conn.exec_params("select pg_notify($1, $2)", [app.cable_room, payload])
-          end
-          (@pubs[app.adapter] ||= {})[seq] = [t, Soak.now]
-        rescue PG::Error => e
-          @publish_errors[app.adapter] += 1
-          conns.delete(app.adapter)&.close rescue nil # rubocop:disable Style/RescueModifier
-          @publisher_backends.delete(app.adapter)
-          log "publish #{seq} to #{app.adapter} failed: #{e.message.lines.first&.strip}" if @publish_errors[app.adapter] % 20 == 1
-        end
-        next_at += tick
-        pause = next_at - Soak.now
-        pause.positive? ? sleep(pause) : next_at = Soak.now
-      end
-    ensure
-      conns&.each_value { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
     end
 
     # pg_stat_activity every SAMPLE_SECONDS: the LISTEN backends of each app's
@@ -313,8 +273,9 @@ module Soak
 
     def cleanup
       continue_stopped
-      @stop_publishing = @stop_monitor = true
-      [@publisher, @monitor].compact.each { |t| t.join(5) || t.kill }
+      @stop_monitor = true
+      @publisher&.stop
+      @monitor&.then { |t| t.join(5) || t.kill }
       (@apps || []).each do |app|
         app.clients.each(&:stop)
         app.puma.stop if app.puma.pid

@@ -1,0 +1,15 @@
+# frozen_string_literal: true
+
+# Loaded by rake from rakelib/ (the Rakefile stays as it is).
+desc "Stops (issue 49, docs/deploys.md): graceful TERM, hot (USR2) and phased (USR1) restarts of a 4-worker Puma " \
+     "serving the soak's Rails app with clients attached, pgbus_hub beside Rails' postgresql adapter, in the trixie " \
+     "chroot. N=40 (cycles), KINDS=term,usr2,usr1, RATE=10 (msg/s), CLIENTS=16, CONTROL=0, REPORT=file.json, " \
+     "DUMPS=dir (default tmp/stops-STAMP: dumps of workers alive 5 s after their stop); SHORT=1: the short form (RSpec)"
+task :stops do
+  env = { "N" => "N", "KINDS" => "KINDS", "RATE" => "RATE", "CLIENTS" => "CLIENTS", "CONTROL" => "CONTROL",
+          "REPORT" => "REPORT", "DUMPS" => "DUMPS" }
+        .filter_map { |name, from| "PGBUS_STOPS_#{name}=#{ENV[from]}" if ENV[from] }
+  sh "bin/trixie", "rake", "compile"
+  command = ENV["SHORT"] == "1" ? %w[rspec spec/stops_spec.rb] : %w[ruby spec/support/stops/run.rb]
+  sh "bin/trixie", "env", "PGBUS_HUB_STOPS=1", *env, *command
+end

@@ -1,0 +1,69 @@
+# frozen_string_literal: true
+
+# Puma config of `rake stops` (spec/support/stops; tests only): the shape issue 49's app ran, Puma's
+# defaults otherwise (worker_shutdown_timeout 30 s). PGBUS_STOPS_PRELOAD=0: no preload_app!, which
+# a phased restart (SIGUSR1) needs; the hub's configuration then comes from here, not the app.
+workers 4
+threads 5, 5
+bind "tcp://127.0.0.1:#{ENV.fetch('PGBUS_E2E_PORT')}"
+rackup ENV.fetch("PGBUS_E2E_RACKUP")
+preload = ENV.fetch("PGBUS_STOPS_PRELOAD", "1") == "1"
+preload_app! preload
+ENV.fetch("PGBUS_E2E_PLUGINS", "").split(",").each { |name| plugin name.to_sym }
+
+if !preload && ENV["PGBUS_E2E_PLUGINS"].to_s.include?("pgbus_hub")
+  require "pgbus/hub"
+  Pgbus::Hub.configure do |c|
+    c.connection = ENV.fetch("DATABASE_URL")
+    c.channel_prefix = ""
+    c.channel_suffix = ""
+  end
+end
+
+# Each worker, for the harness only: SIGWINCH (ignored by default, unused by Puma's workers)
+# appends every Ruby thread's backtrace to STATE_DIR/threads-PID.txt; "marks-PID" records when
+# the worker's server had stopped (Puma's worker-shutdown hook runs once its thread pool is
+# joined) and when the at_exit handlers began (one registered at boot runs after those
+# registered later, before those of the preloaded app).
+state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
+mark = lambda do |what|
+  File.open(File.join(state_dir, "marks-#{Process.pid}"), "a") { |f| f.puts("#{what} #{Process.clock_gettime(Process::CLOCK_REALTIME)}") }
+end
+boot = respond_to?(:before_worker_boot) ? :before_worker_boot : :on_worker_boot
+shutdown = respond_to?(:before_worker_shutdown) ? :before_worker_shutdown : :on_worker_shutdown
+public_send(boot) do
+  Signal.trap("WINCH") do
+    dump = Thread.list.map do |t|
+      "--- #{t.inspect} status=#{t.status.inspect}\n#{(t.backtrace || []).join("\n")}\n"
+    end
+    # Every open Ruby IO by descriptor, with what /proc says the descriptor is now (a descriptor
+    # closed under Ruby's feet shows another file, or none), and Puma's pipes by role.
+    ios = ObjectSpace.each_object(IO).filter_map do |io|
+      fd = io.fileno
+      target = File.readlink("/proc/self/fd/#{fd}") rescue "(closed)" # rubocop:disable Style/RescueModifier
+      "fd #{fd} -> #{target}: #{io.inspect}"
+    rescue IOError
+      nil
+    end
+    roles = ObjectSpace.each_object(Puma::Server).flat_map do |server|
+      %i[@check @notify].map { |ivar| "Puma::Server#{ivar} fd #{server.instance_variable_get(ivar)&.fileno rescue 'closed'}" } # rubocop:disable Style/RescueModifier
+    end
+    roles += ObjectSpace.each_object(Puma::Cluster::Worker).map do |worker|
+      "Puma::Cluster::Worker@check_pipe fd #{worker.instance_variable_get(:@check_pipe)&.fileno rescue 'closed'}" # rubocop:disable Style/RescueModifier
+    end
+    fds = Dir.children("/proc/self/fd").map(&:to_i).sort.map { |fd| "#{fd} -> #{File.readlink("/proc/self/fd/#{fd}") rescue '?'}" } # rubocop:disable Style/RescueModifier
+    File.open(File.join(state_dir, "threads-#{Process.pid}.txt"), "a") do |f|
+      f.puts "=== #{Time.now.utc} #{Thread.list.size} threads", *dump, "--- Ruby IOs", *ios.sort, "--- Puma's pipes", *roles,
+             "--- descriptors", *fds
+    end
+  end
+  at_exit { mark.call("at_exit") }
+  mark.call("booted")
+  Thread.new do # Puma's server pipe as its server runs (it is made right after this hook)
+    sleep 2
+    ObjectSpace.each_object(Puma::Server) do |server|
+      mark.call("server_pipe_#{server.instance_variable_get(:@check)&.fileno}_#{server.instance_variable_get(:@notify)&.fileno}")
+    end
+  end
+end
+public_send(shutdown) { mark.call("server_stopped") }
