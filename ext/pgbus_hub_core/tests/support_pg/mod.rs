@@ -133,8 +133,14 @@ impl FreezableProxy {
             for client in listener.incoming().flatten() {
                 let (to_server, from_server) = upstream.connect();
                 let client_reader = client.try_clone().unwrap();
-                forward(client_reader, to_server, proxy_frozen.clone());
-                forward(from_server, client, proxy_frozen.clone());
+                let client_closer = client.try_clone().unwrap();
+                forward(client_reader, to_server, proxy_frozen.clone(), || {});
+                // The server closed (a terminated backend): the client sees
+                // the FIN, as through a real network, not a socket the
+                // other direction's copy keeps open.
+                forward(from_server, client, proxy_frozen.clone(), move || {
+                    let _ = client_closer.shutdown(std::net::Shutdown::Both);
+                });
             }
         });
         Self {
@@ -182,25 +188,25 @@ impl Upstream {
 }
 
 /// Copies `from` to `to` on a thread of its own, holding whatever it read
-/// once the proxy is frozen. Ends when either side closes.
+/// once the proxy is frozen. Ends when either side closes (after the
+/// freeze: an end is forwarded like the bytes before it), then calls `ended`.
 fn forward(
     mut from: impl std::io::Read + Send + 'static,
     mut to: impl std::io::Write + Send + 'static,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ended: impl FnOnce() + Send + 'static,
 ) {
     std::thread::spawn(move || {
         let mut buffer = [0u8; 16384];
         loop {
-            let n = match from.read(&mut buffer) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
+            let n = from.read(&mut buffer).unwrap_or(0);
             while frozen.load(std::sync::atomic::Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            if to.write_all(&buffer[..n]).is_err() {
-                return;
+            if n == 0 || to.write_all(&buffer[..n]).is_err() {
+                break;
             }
         }
+        ended();
     });
 }
