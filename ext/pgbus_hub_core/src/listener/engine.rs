@@ -291,6 +291,20 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     }
                     tick.reset();
                 }
+                // The budget, then the kept connection before the new one: its
+                // backlog is older (and what the new one reads meanwhile is
+                // held for it), so a busy new connection must not starve it.
+                () = handover::expiry(budget) => {
+                    let why = "no handover marker within its budget";
+                    if let Some(exit) = self.abandon(Some(session), why).await {
+                        return exit;
+                    }
+                }
+                message = self.handover.recv() => {
+                    if let Some(exit) = self.on_kept(message, Some(session)).await {
+                        return exit;
+                    }
+                }
                 message = session.messages.recv() => match message {
                     Some(ServerMessage::Notification(notification)) => {
                         if let Some(exit) = self.on_new(session, notification.channel(), notification.payload()).await {
@@ -301,17 +315,6 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     Some(ServerMessage::Lost(reason)) => return Exit::Lost(reason),
                     None => return Exit::Lost("the connection driver ended".into()),
                 },
-                message = self.handover.recv() => {
-                    if let Some(exit) = self.on_kept(message, Some(session)).await {
-                        return exit;
-                    }
-                }
-                () = handover::expiry(budget) => {
-                    let why = "no handover marker within its budget";
-                    if let Some(exit) = self.abandon(Some(session), why).await {
-                        return exit;
-                    }
-                }
                 _ = tick.tick() => {
                     match op(self.shutdown.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
                         Ok(()) => {}
