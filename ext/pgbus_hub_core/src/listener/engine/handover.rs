@@ -381,3 +381,39 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_private_channel_fits_postgresqls_names_and_is_listened_without_a_marker_when_nothing_is_kept(
+    ) {
+        let mut handover = Handover::new(Duration::from_millis(250));
+        assert!(handover.channel.starts_with("pgbus_hub.handover."));
+        // NAMEDATALEN - 1: a longer name would be truncated, and could collide.
+        assert!(handover.channel.len() <= crate::listener::MAX_CHANNEL_BYTES);
+        let (statements, marker) = handover.statements();
+        assert_eq!(statements, vec![format!("LISTEN \"{}\"", handover.channel)]);
+        assert_eq!(marker, None);
+        assert_eq!(handover.budget, Duration::from_secs(10));
+        // Two engines of one process: two channels.
+        assert_ne!(handover.channel, Handover::new(Duration::ZERO).channel);
+    }
+
+    #[test]
+    fn with_nothing_kept_the_new_connection_delivers_and_a_foreign_marker_is_refused() {
+        let channel = Handover::new(Duration::from_millis(250)).channel;
+        let mut handover = Handover::new(Duration::from_millis(250));
+        assert_eq!(
+            handover.classify_new("pgmq.q_a.INSERT", "1"),
+            Ok(New::Deliver)
+        );
+        // Another engine's channel is just a channel (not in the listen set:
+        // the engine ignores it); a marker on ours with a token not awaited is refused.
+        assert_eq!(handover.classify_new(&channel, "x"), Ok(New::Deliver));
+        let ours = handover.channel.clone();
+        assert!(handover.classify_new(&ours, "1.2.3").is_err());
+        assert_eq!(handover.classify_old(&ours, "1.2.3"), Old::Skip);
+    }
+}
