@@ -130,10 +130,15 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         if reconnected {
             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
             let woken = self.catch_up();
+            let payloads = if self.handover.keeping() {
+                "the given-up connection is read on until the handover marker, so payloads \
+                 NOTIFYed meanwhile are delivered if its backend is alive"
+            } else {
+                "payloads NOTIFYed while disconnected are lost"
+            };
             self.config.log.info(format!(
                 "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed, \
-                 {woken} queues woken to re-read what was committed meanwhile; \
-                 payloads NOTIFYed while disconnected are lost)",
+                 {woken} queues woken to re-read what was committed meanwhile; {payloads})",
                 self.live.len()
             ));
         }
