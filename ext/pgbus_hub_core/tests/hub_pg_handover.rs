@@ -38,6 +38,18 @@ const NOTIFY_PAUSE: Duration = Duration::from_millis(3);
 /// The stream runs this long before the freeze and after the hub is healthy again.
 const STEADY: Duration = Duration::from_secs(2);
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    /// The hub's whole path black-holes for this long.
+    Freeze(Duration),
+    /// The same, and the hub's backend is terminated meanwhile.
+    FreezeAndTerminate(Duration),
+    /// Only the connections open at the start freeze, for this long (a NAT
+    /// entry lost): the hub's next connection comes up at once, and holds
+    /// what it reads until the frozen one shows the marker.
+    FreezeExisting(Duration),
+}
+
 struct Outcome {
     sent: u32,
     /// Per subscriber: the numbers received, in order of arrival.
@@ -65,9 +77,8 @@ impl Outcome {
     }
 }
 
-/// The numbered stream through a hub whose path is frozen for `freeze`;
-/// with `terminate_old`, the hub's backend is terminated in the middle of it.
-fn freeze_under_a_stream(name: &str, freeze: Duration, terminate_old: bool) -> Outcome {
+/// The numbered stream through a hub whose path meets `fault`.
+fn freeze_under_a_stream(name: &str, fault: Fault) -> Outcome {
     let mut fx = Fixture::new().expect("a test database");
     let proxy = support_pg::FreezableProxy::start(&fx.url);
     let mut config = fx.config(name);
@@ -108,12 +119,22 @@ fn freeze_under_a_stream(name: &str, freeze: Duration, terminate_old: bool) -> O
         })
     };
     std::thread::sleep(STEADY);
-    proxy.freeze();
+    let freeze = match fault {
+        Fault::Freeze(freeze) | Fault::FreezeAndTerminate(freeze) => {
+            proxy.freeze();
+            freeze
+        }
+        Fault::FreezeExisting(freeze) => {
+            proxy.freeze_existing();
+            freeze
+        }
+    };
     let frozen = Instant::now();
     wait_until("the hub gives its connection up", || {
-        !hub.stats().listener_healthy
+        let stats = hub.stats();
+        !stats.listener_healthy || stats.reconnects > 0
     });
-    if terminate_old {
+    if matches!(fault, Fault::FreezeAndTerminate(_)) {
         fx.sql
             .execute(
                 "select pg_terminate_backend($1)",
@@ -169,6 +190,17 @@ fn freeze_under_a_stream(name: &str, freeze: Duration, terminate_old: bool) -> O
     }
 }
 
+/// [`freeze_under_a_stream`], its figures printed, then `expect`ed (the
+/// test skips only where [`database_url`] allows it).
+fn check(name: &str, what: &str, fault: Fault, expect: fn(&Outcome)) {
+    if database_url().is_none() {
+        return;
+    }
+    let outcome = freeze_under_a_stream(name, fault);
+    report(what, &outcome);
+    expect(&outcome);
+}
+
 fn report(what: &str, outcome: &Outcome) {
     eprintln!(
         "{what}: sent {}, per subscriber (delivered, duplicated, lost, out of order) {:?}; \
@@ -194,25 +226,38 @@ fn assert_exactly_once_in_order(outcome: &Outcome) {
     assert_eq!((outcome.handovers, outcome.abandoned), (1, 0));
 }
 
+/// The old connection was abandoned: its backlog is lost (as before
+/// handovers), and nothing is delivered twice or out of order.
+fn assert_abandoned_nothing_twice(outcome: &Outcome) {
+    for (i, (_, duplicated, lost, out_of_order)) in outcome.figures().into_iter().enumerate() {
+        assert_eq!((duplicated, out_of_order), (0, 0), "subscriber {i}");
+        assert!(
+            lost > 0,
+            "subscriber {i}: the old connection's backlog went with it"
+        );
+    }
+    assert_eq!((outcome.handovers, outcome.abandoned), (0, 1));
+}
+
 #[test]
 fn a_ten_second_freeze_loses_nothing_and_delivers_nothing_twice() {
-    if database_url().is_none() {
-        return;
-    }
-    let outcome = freeze_under_a_stream("freeze10", Duration::from_secs(10), false);
-    report("10 s freeze", &outcome);
-    assert_exactly_once_in_order(&outcome);
+    check(
+        "freeze10",
+        "10 s freeze",
+        Fault::Freeze(Duration::from_secs(10)),
+        assert_exactly_once_in_order,
+    );
 }
 
 #[test]
 #[ignore = "a 20 s black hole under a stream (~30 s): run with --ignored"]
 fn a_twenty_second_freeze_loses_nothing_and_delivers_nothing_twice() {
-    if database_url().is_none() {
-        return;
-    }
-    let outcome = freeze_under_a_stream("freeze20", Duration::from_secs(20), false);
-    report("20 s freeze", &outcome);
-    assert_exactly_once_in_order(&outcome);
+    check(
+        "freeze20",
+        "20 s freeze",
+        Fault::Freeze(Duration::from_secs(20)),
+        assert_exactly_once_in_order,
+    );
 }
 
 /// The old backend is terminated during the freeze: its backlog is gone
@@ -220,17 +265,36 @@ fn a_twenty_second_freeze_loses_nothing_and_delivers_nothing_twice() {
 /// and nothing is delivered twice or out of order.
 #[test]
 fn an_old_backend_terminated_during_the_freeze_is_abandoned_and_nothing_doubles() {
-    if database_url().is_none() {
-        return;
-    }
-    let outcome = freeze_under_a_stream("terminated", Duration::from_secs(10), true);
-    report("10 s freeze, old backend terminated", &outcome);
-    for (i, (_, duplicated, lost, out_of_order)) in outcome.figures().into_iter().enumerate() {
-        assert_eq!((duplicated, out_of_order), (0, 0), "subscriber {i}");
-        assert!(
-            lost > 0,
-            "subscriber {i}: the freeze's notifications went with the backend"
-        );
-    }
-    assert_eq!((outcome.handovers, outcome.abandoned), (0, 1));
+    check(
+        "terminated",
+        "10 s freeze, old backend terminated",
+        Fault::FreezeAndTerminate(Duration::from_secs(10)),
+        assert_abandoned_nothing_twice,
+    );
+}
+
+/// Only the hub's open connection freezes (6 s: given up after ~2.3 s, the
+/// next connection up at once through a fresh flow): the new connection holds
+/// what it reads for ~4 s, until the old one, thawed, reads up to the marker.
+#[test]
+fn a_frozen_flow_hands_its_backlog_over_to_a_connection_that_came_up_at_once() {
+    check(
+        "flow6",
+        "6 s freeze of the open flow only",
+        Fault::FreezeExisting(Duration::from_secs(6)),
+        assert_exactly_once_in_order,
+    );
+}
+
+/// The old flow stays frozen past the handover budget (40 health checks,
+/// 10 s from the marker): the old connection is abandoned, what the new one
+/// held is delivered, nothing twice, in order; the old backlog is lost.
+#[test]
+fn a_kept_connection_past_its_budget_is_abandoned_and_what_was_held_delivered() {
+    check(
+        "flow15",
+        "15 s freeze of the open flow only",
+        Fault::FreezeExisting(Duration::from_secs(15)),
+        assert_abandoned_nothing_twice,
+    );
 }
