@@ -110,7 +110,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         stats.set_healthy(false);
         stats.set_backend(None);
         stats.channels.store(0, Ordering::Relaxed);
-        let config_health_check = config.health_check;
+        let health_check = config.health_check;
         Self {
             config,
             stats,
@@ -123,7 +123,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             healthy: false,
             ever_connected: false,
             backoff_step: 0,
-            handover: handover::Handover::new(config_health_check),
+            handover: handover::Handover::new(health_check),
         }
     }
 
@@ -169,6 +169,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     let why = "the new connection was given up too";
                     let _ = self.abandon(Some(&session), why).await;
                     // Read on: its backlog is handed over to the next one.
+                    self.config.log.info(
+                        "pgbus-hub listener: the given-up connection is read on (its backend may \
+                         be alive) until the next one's handover marker",
+                    );
                     self.handover.keep(session, own_marker);
                 }
             }
