@@ -183,6 +183,11 @@ impl RbFailoverListener {
             let stats = local.stats();
             hash.aset(ruby.to_symbol("healthy"), stats.healthy())?;
             hash.aset(ruby.to_symbol("reconnects"), stats.reconnects())?;
+            hash.aset(ruby.to_symbol("handovers"), stats.handovers())?;
+            hash.aset(
+                ruby.to_symbol("abandoned_connections"),
+                stats.abandoned_connections(),
+            )?;
             hash.aset(ruby.to_symbol("notifications"), stats.notifications())?;
             hash.aset(ruby.to_symbol("channels"), stats.channels())?;
             hash.aset(ruby.to_symbol("backend_pid"), stats.backend_pid())?;

@@ -20,7 +20,7 @@ use pgbus_hub_core::client::{hub_ack_timeout, ClientConfig, HubClient, Listening
 use pgbus_hub_core::delivery::Delivery;
 use std::sync::Arc;
 use std::time::SystemTime;
-use support_hub::pump::Pump;
+use support_hub::pump::{driven_client, Pump};
 
 /// The frames `peer` receives until `deadline` (status frames left out), or
 /// until `enough` says they are enough.
@@ -202,15 +202,7 @@ fn a_black_holed_database_path_is_an_outage_not_a_fail_over() {
     let hub = MasterHub::start(config).unwrap();
     let pid = std::process::id();
     let clients: Vec<(Arc<HubClient>, Pump)> = (0..4)
-        .map(|_| {
-            let (client, reader) = HubClient::connect_driven(ClientConfig {
-                socket_path: hub.socket_path().to_owned(),
-                ack_timeout: budget,
-                log: LogSink::silent(),
-            })
-            .expect("connect");
-            (Arc::new(client), Pump::start(&Arc::new(reader)))
-        })
+        .map(|_| driven_client(hub.socket_path(), budget))
         .collect();
     // pgbus's own Ruby client on the wire: it needs the ack frame itself.
     let mut ruby = Peer::connect(&hub);

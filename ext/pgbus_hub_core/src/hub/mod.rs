@@ -92,6 +92,10 @@ pub struct HubStats {
     pub raw_channels: usize,
     pub listener_healthy: bool,
     pub reconnects: u64,
+    /// Reconnects where the given-up connection handed its backlog over (nothing lost).
+    pub handovers: u64,
+    /// Given-up connections closed before they could hand their backlog over.
+    pub abandoned_connections: u64,
     pub wakes_received: u64,
     pub frames_sent: u64,
     pub dropped_durable_wakes: u64,
@@ -132,6 +136,8 @@ impl HubStats {
         put("raw_channels", self.raw_channels.into());
         put("listener_healthy", self.listener_healthy.into());
         put("reconnects", self.reconnects.into());
+        put("handovers", self.handovers.into());
+        put("abandoned_connections", self.abandoned_connections.into());
         put("wakes_received", self.wakes_received.into());
         put("frames_sent", self.frames_sent.into());
         put("dropped_durable_wakes", self.dropped_durable_wakes.into());
@@ -218,6 +224,8 @@ impl Shared {
             raw_channels: self.raw_channels.load(Ordering::Relaxed),
             listener_healthy: self.healthy.load(Ordering::Relaxed),
             reconnects: listener.map_or(0, ListenerStats::reconnects),
+            handovers: listener.map_or(0, ListenerStats::handovers),
+            abandoned_connections: listener.map_or(0, ListenerStats::abandoned_connections),
             wakes_received: self.wakes_received.load(Ordering::Relaxed),
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             dropped_durable_wakes: self.backpressure.dropped(),

@@ -10,11 +10,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Backend, Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
+use super::{Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
 
+mod connect;
+mod handover;
 mod live;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
@@ -55,7 +57,19 @@ const LATE_DEADLINE: Duration = Duration::from_millis(250);
 
 enum Exit {
     Stop,
+    /// The connection failed or closed: its backend's backlog is gone.
     Lost(String),
+    /// A deadline passed: the backend may be alive, its backlog owed to us
+    /// (the connection is kept for a handover).
+    GaveUp(String),
+}
+
+/// [`Exit::GaveUp`] for a missed deadline, else [`Exit::Lost`].
+fn exit_for(error: &OpError, reason: String) -> Exit {
+    match error {
+        OpError::Timeout => Exit::GaveUp(reason),
+        _ => Exit::Lost(reason),
+    }
 }
 
 enum OpError {
@@ -82,6 +96,7 @@ pub(super) struct Engine<F> {
     /// connection, or from the start for an engine replacing one that ended.
     ever_connected: bool,
     backoff_step: u32,
+    handover: handover::Handover,
 }
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
@@ -95,6 +110,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         stats.set_healthy(false);
         stats.set_backend(None);
         stats.channels.store(0, Ordering::Relaxed);
+        let health_check = config.health_check;
         Self {
             config,
             stats,
@@ -107,6 +123,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             healthy: false,
             ever_connected: false,
             backoff_step: 0,
+            handover: handover::Handover::new(health_check),
         }
     }
 
@@ -141,10 +158,26 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
                 Exit::Lost(reason) => {
                     self.lost(&reason);
+                    let _ = self.handover.new_connection_gone();
+                    let why = "the new connection was lost too";
+                    let _ = self.abandon(Some(&session), why).await;
                     session.close(CLOSE_GRACE).await;
+                }
+                Exit::GaveUp(reason) => {
+                    self.lost(&reason);
+                    let own_marker = self.handover.new_connection_gone();
+                    let why = "the new connection was given up too";
+                    let _ = self.abandon(Some(&session), why).await;
+                    // Read on: its backlog is handed over to the next one.
+                    self.config.log.info(
+                        "pgbus-hub listener: the given-up connection is read on (its backend may \
+                         be alive) until the next one's handover marker",
+                    );
+                    self.handover.keep(session, own_marker);
                 }
             }
         }
+        self.close_kept().await;
         self.shutdown();
     }
 
@@ -179,141 +212,6 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             self.stats.set_healthy(healthy);
             (self.on_event)(Event::Healthy(healthy));
         }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let step = self.backoff_step;
-        self.backoff_step = self.backoff_step.saturating_add(1);
-        if step == 0 {
-            return Duration::ZERO;
-        }
-        let base = BACKOFF_FIRST
-            .saturating_mul(1u32 << (step - 1).min(16))
-            .min(BACKOFF_MAX);
-        // +-20% jitter so a host's listeners do not retry in lockstep.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
-        base.mul_f64(factor)
-    }
-
-    /// Connect (retrying with backoff) while answering commands. None = stop.
-    async fn connect_phase(&mut self) -> Option<Connected> {
-        loop {
-            let delay = self.next_delay();
-            let options = self.config.connection.clone();
-            let attempt = async move {
-                tokio::time::sleep(delay).await;
-                let session = options.connect().await.map_err(|e| (false, e.0))?;
-                match check_primary(&session).await {
-                    Ok(backend) => Ok((session, backend)),
-                    Err(failure) => {
-                        session.close(CLOSE_GRACE).await;
-                        Err(failure)
-                    }
-                }
-            };
-            tokio::pin!(attempt);
-            let mut shutdown = self.shutdown.clone();
-            let outcome = loop {
-                tokio::select! {
-                    biased;
-                    () = shutdown.wait() => return None,
-                    command = self.commands.recv() => match command {
-                        None => return None,
-                        Some(command) => self.handle_down(command),
-                    },
-                    outcome = &mut attempt => break outcome,
-                }
-            };
-            match outcome {
-                Ok((session, backend)) => match self.relisten(&session).await {
-                    Ok(()) => {
-                        self.up(backend);
-                        return Some(session);
-                    }
-                    Err(OpError::Stopped) => {
-                        session.close(CLOSE_GRACE).await;
-                        return None;
-                    }
-                    Err(error) => {
-                        let reason = format!("re-LISTEN failed: {}", op_reason(&error));
-                        self.connect_failed(false, &reason);
-                        session.close(CLOSE_GRACE).await;
-                    }
-                },
-                Err((recovery, reason)) => self.connect_failed(recovery, &reason),
-            }
-        }
-    }
-
-    fn connect_failed(&mut self, recovery: bool, reason: &str) {
-        self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-        self.stats.set_last_error(reason);
-        let message = format!(
-            "pgbus-hub listener: {reason} — retrying (attempt {})",
-            self.backoff_step
-        );
-        if recovery {
-            self.config.log.error(message);
-        } else {
-            self.config.log.warn(message);
-        }
-    }
-
-    fn up(&mut self, backend: Backend) {
-        let pid = backend.pid;
-        self.stats.set_backend(Some(backend));
-        self.live = self.channels.keys().cloned().collect();
-        for (channel, reply) in std::mem::take(&mut self.pending) {
-            if self.live.contains(&channel) {
-                reply.send(Ok(()));
-            } else {
-                // Unreachable: unlisten answers the pending listens it cancels.
-                reply.send(Err(ListenError::Withdrawn { channel }));
-            }
-        }
-        let reconnected = self.ever_connected;
-        if !reconnected {
-            self.config.log.debug(format!(
-                "pgbus-hub listener connected to {} (backend pid {pid})",
-                self.config.connection
-            ));
-        }
-        self.ever_connected = true;
-        self.backoff_step = 0;
-        self.set_healthy(true);
-        if reconnected {
-            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-            let woken = self.catch_up();
-            self.config.log.info(format!(
-                "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed, \
-                 {woken} queues woken to re-read what was committed meanwhile; \
-                 payloads NOTIFYed while disconnected are lost)",
-                self.live.len()
-            ));
-        }
-    }
-
-    /// After a reconnect: a durable wake (no payload) owed to every queue in
-    /// the listen set ([`Event::CatchUp`]), so every subscriber re-reads what
-    /// was committed while nothing listened (a NOTIFY sent then reached
-    /// nobody). Raw channels carry only payloads, which are gone: nothing
-    /// there to re-read. Returns how many.
-    fn catch_up(&mut self) -> usize {
-        let queues: Vec<Arc<str>> = self
-            .channels
-            .values()
-            .filter(|queue| key_channel(queue).is_none())
-            .cloned()
-            .collect();
-        let woken = queues.len();
-        if woken > 0 {
-            (self.on_event)(Event::CatchUp(queues));
-        }
-        woken
     }
 
     fn handle_down(&mut self, command: Command) {
@@ -371,20 +269,6 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self.live.remove(&channel).then_some(channel)
     }
 
-    async fn relisten(&mut self, session: &Connected) -> Result<(), OpError> {
-        let channels: Vec<String> = self.channels.keys().cloned().collect();
-        for chunk in channels.chunks(LISTEN_BATCH) {
-            let sql = listen_sql("LISTEN", chunk);
-            op(
-                self.shutdown.clone(),
-                session.client.batch_execute(&sql),
-                OP_TIMEOUT,
-            )
-            .await?;
-        }
-        Ok(())
-    }
-
     async fn serve(&mut self, session: &mut Connected) -> Exit {
         let period = self.config.health_check.max(Duration::from_millis(1));
         let mut tick = tokio::time::interval_at(Instant::now() + period, period);
@@ -394,6 +278,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
             let mut shutdown = self.shutdown.clone();
+            let budget = self.handover.deadline();
             tokio::select! {
                 biased;
                 () = shutdown.wait() => return Exit::Stop,
@@ -410,9 +295,23 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     }
                     tick.reset();
                 }
+                // The budget, then the kept connection before the new one: its
+                // backlog is older (and what the new one reads meanwhile is
+                // held for it), so a busy new connection must not starve it.
+                () = handover::expiry(budget) => {
+                    let why = "no handover marker within its budget";
+                    if let Some(exit) = self.abandon(Some(session), why).await {
+                        return exit;
+                    }
+                }
+                message = self.handover.recv() => {
+                    if let Some(exit) = self.on_kept(message, Some(session)).await {
+                        return exit;
+                    }
+                }
                 message = session.messages.recv() => match message {
                     Some(ServerMessage::Notification(notification)) => {
-                        if let Some(exit) = self.notify(session, notification.channel(), notification.payload()).await {
+                        if let Some(exit) = self.on_new(session, notification.channel(), notification.payload()).await {
                             return exit;
                         }
                         tick.reset();
@@ -425,7 +324,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                         Ok(()) => {}
                         Err(OpError::Stopped) => return Exit::Stop,
                         Err(error) => {
-                            return Exit::Lost(format!("health check failed: {}", op_reason(&error)))
+                            let reason = format!("health check failed: {}", op_reason(&error));
+                            return exit_for(&error, reason);
                         }
                     }
                 }
@@ -494,7 +394,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // No answer: the connection is stuck (a black-holed path), and the
             // subs queued behind this read would wait out a LISTEN's deadline
             // after it. Given up now, as a failed health check would.
-            Err(OpError::Timeout) => Err(Exit::Lost(format!(
+            Err(OpError::Timeout) => Err(Exit::GaveUp(format!(
                 "reading large payload {id} for {channel:?} got no answer within {PROBE_TIMEOUT:?}"
             ))),
             Err(error) => {
@@ -560,48 +460,6 @@ fn op_reason(error: &OpError) -> String {
         OpError::Timeout => "no answer in time".into(),
         OpError::Pg(error) => describe(error),
     }
-}
-
-/// The backend (pid, database, client address), and a refusal if the server
-/// is a standby (NOTIFY is never delivered on a hot standby: LISTEN there
-/// would wait forever).
-async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
-    let query = session.client.simple_query(
-        "SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, current_database(), \
-         inet_client_addr()::text",
-    );
-    let messages = match tokio::time::timeout(PROBE_TIMEOUT, query).await {
-        Ok(Ok(messages)) => messages,
-        Ok(Err(error)) => {
-            return Err((false, format!("primary check failed: {}", describe(&error))))
-        }
-        Err(_) => return Err((false, "primary check got no answer in time".into())),
-    };
-    let row = messages.iter().find_map(|message| match message {
-        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
-        _ => None,
-    });
-    let Some(row) = row else {
-        return Err((false, "primary check returned no row".into()));
-    };
-    let pid = row
-        .get(0)
-        .and_then(|pid| pid.parse::<u32>().ok())
-        .unwrap_or(0);
-    // `::text` of a boolean is "true"/"false" (the bare column would be "t").
-    if row.get(1) == Some("true") {
-        return Err((
-            true,
-            "refusing to LISTEN on a server in recovery (a hot standby never delivers NOTIFY); \
-             point the listener at the primary"
-                .into(),
-        ));
-    }
-    Ok(Backend {
-        pid,
-        database: row.get(2).unwrap_or_default().to_owned(),
-        client_addr: row.get(3).map(str::to_owned),
-    })
 }
 
 #[cfg(test)]

@@ -318,6 +318,8 @@ pub struct ListenerStats {
     connect_failures: AtomicU64,
     notifications: AtomicU64,
     ignored_notifications: AtomicU64,
+    handovers: AtomicU64,
+    abandoned_connections: AtomicU64,
     channels: AtomicUsize,
     backend: Mutex<Option<Backend>>,
     last_error: Mutex<Option<LastError>>,
@@ -350,6 +352,16 @@ impl ListenerStats {
     /// NOTIFYs for channels not in the set (e.g. in flight across an UNLISTEN).
     pub fn ignored_notifications(&self) -> u64 {
         self.ignored_notifications.load(Ordering::Relaxed)
+    }
+    /// Given-up connections that delivered their backlog up to the handover
+    /// marker: nothing was lost in those reconnects (docs/architecture.md).
+    pub fn handovers(&self) -> u64 {
+        self.handovers.load(Ordering::Relaxed)
+    }
+    /// Given-up connections closed before they showed the marker (they
+    /// failed, or the budget ran out): what was queued for them is lost.
+    pub fn abandoned_connections(&self) -> u64 {
+        self.abandoned_connections.load(Ordering::Relaxed)
     }
     /// Channels in the listen set (LISTENed, or to be re-LISTENed on reconnect).
     pub fn channels(&self) -> usize {

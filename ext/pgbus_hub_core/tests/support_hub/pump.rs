@@ -2,8 +2,9 @@
 //! [`DrivenReader`]'s `next_batch` until `closed` (which is also what
 //! resolves the client's acks) and forwards every delivery in order.
 
-use pgbus_hub_core::client::DrivenReader;
+use pgbus_hub_core::client::{ClientConfig, DrivenReader, HubClient};
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
+use pgbus_hub_core::log::LogSink;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -14,6 +15,21 @@ pub const THREAD_NAME: &str = "test-pump";
 pub struct Pump {
     deliveries: crossbeam_channel::Receiver<Delivery>,
     thread: JoinHandle<()>,
+}
+
+/// A worker's client of the hub at `socket_path`, its deliveries pumped
+/// by a test thread; it waits `ack_timeout` for an ack (as pgbus's would).
+pub fn driven_client(
+    socket_path: &std::path::Path,
+    ack_timeout: Duration,
+) -> (Arc<HubClient>, Pump) {
+    let (client, reader) = HubClient::connect_driven(ClientConfig {
+        socket_path: socket_path.to_owned(),
+        ack_timeout,
+        log: LogSink::silent(),
+    })
+    .expect("connect");
+    (Arc::new(client), Pump::start(&Arc::new(reader)))
 }
 
 impl Pump {

@@ -97,17 +97,20 @@ pub fn census(sql: &mut postgres::Client, tag: &str) -> i64 {
 /// A TCP proxy in front of the test server that can be frozen: while frozen
 /// it forwards nothing either way (the server looks hung, the connection
 /// stays open: packets dropped, no RST), until thawed. For tests that need a
-/// stop to be slow, or a database path that black-holes.
+/// stop to be slow, or a database path that black-holes. A close crosses it
+/// like the bytes before it, once thawed.
 pub struct FreezableProxy {
     pub url: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Each connection's own freeze (see [`Self::freeze_existing`]).
+    flows: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
 }
 
 impl FreezableProxy {
     /// Listens on 127.0.0.1 (any port) and forwards each connection to the server `url` names.
     pub fn start(url: &str) -> Self {
-        use std::sync::atomic::AtomicBool;
-        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
         use tokio_postgres::config::Host;
         let options = ConnectionOptions::parse(url).unwrap();
         let config = options.config();
@@ -128,18 +131,30 @@ impl FreezableProxy {
             keywords += &format!(" password={}", String::from_utf8_lossy(password));
         }
         let frozen = Arc::new(AtomicBool::new(false));
-        let proxy_frozen = frozen.clone();
+        let flows = Arc::new(Mutex::new(Vec::new()));
+        let (proxy_frozen, proxy_flows) = (frozen.clone(), flows.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                let (to_server, from_server) = upstream.connect();
+                let (to_server, from_server, server_closer) = upstream.connect();
                 let client_reader = client.try_clone().unwrap();
-                forward(client_reader, to_server, proxy_frozen.clone());
-                forward(from_server, client, proxy_frozen.clone());
+                let client_closer = client.try_clone().unwrap();
+                let flow = Arc::new(AtomicBool::new(false));
+                proxy_flows.lock().unwrap().push(flow.clone());
+                let all = proxy_frozen.clone();
+                let held = move || all.load(Ordering::SeqCst) || flow.load(Ordering::SeqCst);
+                // Either side's close reaches the other (a terminated
+                // backend's FIN, a severed client's), as through a real
+                // network, not a socket the other direction's copy keeps open.
+                forward(client_reader, to_server, held.clone(), server_closer);
+                forward(from_server, client, held, move || {
+                    let _ = client_closer.shutdown(std::net::Shutdown::Both);
+                });
             }
         });
         Self {
             url: keywords,
             frozen,
+            flows,
         }
     }
 
@@ -147,9 +162,20 @@ impl FreezableProxy {
         self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Freezes the connections open now; new ones pass (a NAT or firewall
+    /// entry lost for the existing flows, the path itself fine).
+    pub fn freeze_existing(&self) {
+        for flow in self.flows.lock().unwrap().iter() {
+            flow.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     /// Forwards again, what it held first: the path was a black hole, not a
     /// reset (no connection through it was closed meanwhile).
     pub fn thaw(&self) {
+        for flow in self.flows.lock().unwrap().iter() {
+            flow.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
         self.frozen
             .store(false, std::sync::atomic::Ordering::SeqCst);
     }
@@ -160,47 +186,65 @@ enum Upstream {
     Tcp(String),
 }
 
+/// Shuts a stream down both ways (every copy of it).
+type Closer = Box<dyn FnOnce() + Send>;
+
 impl Upstream {
-    /// The server side as a (writer, reader) pair.
+    /// The server side as a (writer, reader, closer) triple.
     fn connect(
         &self,
     ) -> (
         Box<dyn std::io::Write + Send>,
         Box<dyn std::io::Read + Send>,
+        Closer,
     ) {
         match self {
             Upstream::Unix(path) => {
                 let stream = std::os::unix::net::UnixStream::connect(path).unwrap();
-                (Box::new(stream.try_clone().unwrap()), Box::new(stream))
+                let closer = stream.try_clone().unwrap();
+                (
+                    Box::new(stream.try_clone().unwrap()),
+                    Box::new(stream),
+                    Box::new(move || {
+                        let _ = closer.shutdown(std::net::Shutdown::Both);
+                    }),
+                )
             }
             Upstream::Tcp(address) => {
                 let stream = std::net::TcpStream::connect(address).unwrap();
-                (Box::new(stream.try_clone().unwrap()), Box::new(stream))
+                let closer = stream.try_clone().unwrap();
+                (
+                    Box::new(stream.try_clone().unwrap()),
+                    Box::new(stream),
+                    Box::new(move || {
+                        let _ = closer.shutdown(std::net::Shutdown::Both);
+                    }),
+                )
             }
         }
     }
 }
 
 /// Copies `from` to `to` on a thread of its own, holding whatever it read
-/// once the proxy is frozen. Ends when either side closes.
+/// while `held()`. Ends when either side closes (after the freeze: an end is
+/// forwarded like the bytes before it), then calls `ended`.
 fn forward(
     mut from: impl std::io::Read + Send + 'static,
     mut to: impl std::io::Write + Send + 'static,
-    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: impl Fn() -> bool + Send + 'static,
+    ended: impl FnOnce() + Send + 'static,
 ) {
     std::thread::spawn(move || {
         let mut buffer = [0u8; 16384];
         loop {
-            let n = match from.read(&mut buffer) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            while frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            let n = from.read(&mut buffer).unwrap_or(0);
+            while held() {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            if to.write_all(&buffer[..n]).is_err() {
-                return;
+            if n == 0 || to.write_all(&buffer[..n]).is_err() {
+                break;
             }
         }
+        ended();
     });
 }

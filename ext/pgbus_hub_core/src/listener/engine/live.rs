@@ -1,7 +1,7 @@
 //! The engine's LISTEN and UNLISTEN on a live connection: requests batched
 //! into one round trip, a refused name answered alone, the set kept in step.
 
-use super::{listen_sql, op, op_reason, Engine, Exit, OpError, LISTEN_BATCH};
+use super::{exit_for, listen_sql, op, op_reason, Engine, Exit, OpError, LISTEN_BATCH};
 use crate::conninfo::{describe, Connected};
 use crate::listener::{Command, Event, ListenError, Reply};
 
@@ -112,10 +112,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 // The connection broke, or did not answer within the deadline:
                 // these wait for reconnect + re-LISTEN.
                 self.pending.extend(batch);
-                Some(Exit::Lost(format!(
+                let reason = format!(
                     "LISTEN failed: {} (deadline {deadline:?})",
                     op_reason(&error)
-                )))
+                );
+                Some(exit_for(&error, reason))
             }
         }
     }
@@ -141,10 +142,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 ));
                 None
             }
-            Err(error) => Some(Exit::Lost(format!(
-                "UNLISTEN failed: {} (deadline {deadline:?})",
-                op_reason(&error)
-            ))),
+            Err(error) => {
+                let reason = format!(
+                    "UNLISTEN failed: {} (deadline {deadline:?})",
+                    op_reason(&error)
+                );
+                Some(exit_for(&error, reason))
+            }
         }
     }
 }

@@ -1,0 +1,246 @@
+//! The engine's way up: connecting with backoff while answering commands,
+//! the primary check, the re-LISTEN (with the handover's marker), and what
+//! a new connection owes the subscribers (healthy, catch-up wakes).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{listen_sql, op, op_reason, Engine, OpError, BACKOFF_FIRST, BACKOFF_MAX, CLOSE_GRACE};
+use super::{LISTEN_BATCH, OP_TIMEOUT, PROBE_TIMEOUT};
+use crate::conninfo::{describe, Connected};
+use crate::listener::{Backend, Event, ListenError};
+use crate::protocol::key_channel;
+
+impl<F: FnMut(Event) + Send + 'static> Engine<F> {
+    pub(super) fn next_delay(&mut self) -> Duration {
+        let step = self.backoff_step;
+        self.backoff_step = self.backoff_step.saturating_add(1);
+        if step == 0 {
+            return Duration::ZERO;
+        }
+        let base = BACKOFF_FIRST
+            .saturating_mul(1u32 << (step - 1).min(16))
+            .min(BACKOFF_MAX);
+        // +-20% jitter so a host's listeners do not retry in lockstep.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
+        base.mul_f64(factor)
+    }
+
+    /// Connect (retrying with backoff) while answering commands. None = stop.
+    pub(super) async fn connect_phase(&mut self) -> Option<Connected> {
+        loop {
+            let delay = self.next_delay();
+            let options = self.config.connection.clone();
+            let attempt = async move {
+                tokio::time::sleep(delay).await;
+                let session = options.connect().await.map_err(|e| (false, e.0))?;
+                match check_primary(&session).await {
+                    Ok(backend) => Ok((session, backend)),
+                    Err(failure) => {
+                        session.close(CLOSE_GRACE).await;
+                        Err(failure)
+                    }
+                }
+            };
+            tokio::pin!(attempt);
+            let mut shutdown = self.shutdown.clone();
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.wait() => return None,
+                    command = self.commands.recv() => match command {
+                        None => return None,
+                        Some(command) => self.handle_down(command),
+                    },
+                    outcome = &mut attempt => break outcome,
+                    // A connection given up is read on meanwhile: its backend
+                    // may be alive and delivering what it owes.
+                    message = self.handover.recv() => {
+                        if let Some(super::Exit::Stop) = self.on_kept(message, None).await {
+                            return None;
+                        }
+                    }
+                }
+            };
+            match outcome {
+                Ok((session, backend)) => match self.relisten(&session).await {
+                    Ok(marker) => {
+                        self.up(backend);
+                        if let Some(token) = marker {
+                            self.handover.marker_committed(token);
+                        }
+                        return Some(session);
+                    }
+                    Err(OpError::Stopped) => {
+                        session.close(CLOSE_GRACE).await;
+                        return None;
+                    }
+                    Err(error) => {
+                        let reason = format!("re-LISTEN failed: {}", op_reason(&error));
+                        self.connect_failed(false, &reason);
+                        session.close(CLOSE_GRACE).await;
+                    }
+                },
+                Err((recovery, reason)) => self.connect_failed(recovery, &reason),
+            }
+        }
+    }
+
+    pub(super) fn connect_failed(&mut self, recovery: bool, reason: &str) {
+        self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+        self.stats.set_last_error(reason);
+        let message = format!(
+            "pgbus-hub listener: {reason} — retrying (attempt {})",
+            self.backoff_step
+        );
+        if recovery {
+            self.config.log.error(message);
+        } else {
+            self.config.log.warn(message);
+        }
+    }
+
+    pub(super) fn up(&mut self, backend: Backend) {
+        let pid = backend.pid;
+        self.stats.set_backend(Some(backend));
+        self.live = self.channels.keys().cloned().collect();
+        for (channel, reply) in std::mem::take(&mut self.pending) {
+            if self.live.contains(&channel) {
+                reply.send(Ok(()));
+            } else {
+                // Unreachable: unlisten answers the pending listens it cancels.
+                reply.send(Err(ListenError::Withdrawn { channel }));
+            }
+        }
+        let reconnected = self.ever_connected;
+        if !reconnected {
+            self.config.log.debug(format!(
+                "pgbus-hub listener connected to {} (backend pid {pid})",
+                self.config.connection
+            ));
+        }
+        self.ever_connected = true;
+        self.backoff_step = 0;
+        self.set_healthy(true);
+        if reconnected {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            let woken = self.catch_up();
+            let payloads = if self.handover.keeping() {
+                "the given-up connection is read on until the handover marker, so payloads \
+                 NOTIFYed meanwhile are delivered if its backend is alive"
+            } else {
+                "payloads NOTIFYed while disconnected are lost"
+            };
+            self.config.log.info(format!(
+                "pgbus-hub listener reconnected (backend pid {pid}, {} channels re-LISTENed, \
+                 {woken} queues woken to re-read what was committed meanwhile; {payloads})",
+                self.live.len()
+            ));
+        }
+    }
+
+    /// After a reconnect: a durable wake (no payload) owed to every queue in
+    /// the listen set ([`Event::CatchUp`]), so every subscriber re-reads what
+    /// was committed while nothing listened (a NOTIFY sent then reached
+    /// nobody). Raw channels carry only payloads, which are gone: nothing
+    /// there to re-read. Returns how many.
+    pub(super) fn catch_up(&mut self) -> usize {
+        let queues: Vec<Arc<str>> = self
+            .channels
+            .values()
+            .filter(|queue| key_channel(queue).is_none())
+            .cloned()
+            .collect();
+        let woken = queues.len();
+        if woken > 0 {
+            (self.on_event)(Event::CatchUp(queues));
+        }
+        woken
+    }
+
+    /// The whole listen set, the private channel and (when a given-up
+    /// connection is kept) the handover marker, in ONE transaction: the
+    /// marker's queue position is where this connection's LISTENs took
+    /// effect. Returns the marker's token.
+    pub(super) async fn relisten(
+        &mut self,
+        session: &Connected,
+    ) -> Result<Option<String>, OpError> {
+        let channels: Vec<String> = self.channels.keys().cloned().collect();
+        let (private, marker) = self.handover.statements();
+        // One simple query per LISTEN_BATCH channels, the transaction
+        // spanning them: BEGIN before the first, the private channel's
+        // statements and COMMIT after the last.
+        let mut queries: Vec<String> = channels
+            .chunks(LISTEN_BATCH)
+            .map(|chunk| listen_sql("LISTEN", chunk))
+            .collect();
+        if queries.is_empty() {
+            queries.push(String::new());
+        }
+        queries[0].insert_str(0, "BEGIN;");
+        if let Some(last) = queries.last_mut() {
+            for statement in private {
+                last.push_str(&statement);
+                last.push(';');
+            }
+            last.push_str("COMMIT");
+        }
+        for sql in &queries {
+            op(
+                self.shutdown.clone(),
+                session.client.batch_execute(sql),
+                OP_TIMEOUT,
+            )
+            .await?;
+        }
+        Ok(marker)
+    }
+}
+
+/// The backend (pid, database, client address), and a refusal if the server
+/// is a standby (NOTIFY is never delivered on a hot standby: LISTEN there
+/// would wait forever).
+async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
+    let query = session.client.simple_query(
+        "SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, current_database(), \
+         inet_client_addr()::text",
+    );
+    let messages = match tokio::time::timeout(PROBE_TIMEOUT, query).await {
+        Ok(Ok(messages)) => messages,
+        Ok(Err(error)) => {
+            return Err((false, format!("primary check failed: {}", describe(&error))))
+        }
+        Err(_) => return Err((false, "primary check got no answer in time".into())),
+    };
+    let row = messages.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let Some(row) = row else {
+        return Err((false, "primary check returned no row".into()));
+    };
+    let pid = row
+        .get(0)
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .unwrap_or(0);
+    // `::text` of a boolean is "true"/"false" (the bare column would be "t").
+    if row.get(1) == Some("true") {
+        return Err((
+            true,
+            "refusing to LISTEN on a server in recovery (a hot standby never delivers NOTIFY); \
+             point the listener at the primary"
+                .into(),
+        ));
+    }
+    Ok(Backend {
+        pid,
+        database: row.get(2).unwrap_or_default().to_owned(),
+        client_addr: row.get(3).map(str::to_owned),
+    })
+}
