@@ -62,7 +62,7 @@ RSpec.describe Pgbus::Hub::MasterHub do
     stats = hub.stats
     expect(stats).to include(workers: 1, channels: 1, listener_healthy: true, threads: 1)
     expect(stats.keys).to include(:reconnects, :wakes_received, :frames_sent, :dropped_durable_wakes,
-                                  :evicted_workers, :rejected_peers)
+                                  :evicted_workers, :rejected_peers, :handovers, :abandoned_connections)
     peer.close
   end
 
