@@ -104,13 +104,14 @@ RSpec.describe "platforms" do
                     "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
     MUSL_HOSTS = { "x86_64-linux-musl" => "Alpine", "aarch64-linux-musl" => "Alpine on arm64" }.freeze
     # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
-    MUSL_AWARE = Gem::Version.new("3.3.22")
+    MUSL_AWARE = Gem::Version.new(Pgbus::Hub::NATIVE_RUBYGEMS)
 
     def picks(host)
       saved = Gem.platforms
       Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.new(host)]
       NativeGemRequirements.all.select do |platform, requirement|
-        Gem::Platform.match_gem?(Gem::Platform.new(platform), "pgbus-hub") && requirement.satisfied_by?(Gem.rubygems_version)
+        Gem::Platform.match_gem?(Gem::Platform.new(platform.split("-", 3)), "pgbus-hub") &&
+          requirement.satisfied_by?(Gem.rubygems_version)
       end.keys
     ensure
       Gem.platforms = saved
@@ -120,36 +121,18 @@ RSpec.describe "platforms" do
       Pgbus::Hub::NATIVE_PLATFORMS.fetch(libc).find { |platform| platform.start_with?("#{host[/\A[^-]+/]}-") }
     end
 
-    GLIBC_HOSTS.each do |host, what|
-      it "#{host} (#{what}): the glibc gem, never a musl one" do
-        expect(picks(host)).to eq([gem_for(host, :glibc)])
-      end
-    end
-
-    # Bundler's choice among the gems RubyGems lets through: the most specific
-    # platform (Bundler::GemHelpers.platform_specificity_match; Bundler 2.3.7 and 2.5.22 here).
-    def bundler_pick(host)
-      require "bundler"
-      picks(host).min_by do |platform|
-        Bundler::GemHelpers.platform_specificity_match(Gem::Platform.new(platform), Gem::Platform.new(host))
-      end
-    end
-
-    MUSL_HOSTS.each do |host, what|
-      if Gem.rubygems_version >= MUSL_AWARE
-        # RubyGems lets a libc-less linux gem onto musl hosts too (platform.rb: a
-        # nil version matches "musl"); Bundler then takes the exact platform, and
-        # `gem install` takes the musl gem as well (the next group installs).
-        it "#{host} (#{what}): the musl gem is fit, and Bundler takes it over the glibc one" do
-          expect(picks(host)).to include(gem_for(host, :musl))
-          expect(bundler_pick(host)).to eq(gem_for(host, :musl))
-        end
-      else
-        # Older RubyGems read any linux gem as fit for any libc: the musl gem's
-        # required_rubygems_version keeps it from glibc hosts, but on musl such
-        # a RubyGems takes the glibc gem. Musl users need RubyGems >= 3.3.22.
-        it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: not the musl gem (it needs #{MUSL_AWARE}); the glibc gem, as before musl gems" do
-          expect(picks(host)).to eq([gem_for(host, :glibc)])
+    { GLIBC_HOSTS => :glibc, MUSL_HOSTS => :musl }.each do |hosts, libc|
+      hosts.each do |host, what|
+        if Gem.rubygems_version >= MUSL_AWARE
+          it "#{host} (#{what}): the #{libc} gem, and only it" do
+            expect(picks(host)).to eq([gem_for(host, libc)])
+          end
+        else
+          # Such a RubyGems matches any linux gem to any libc and cannot install
+          # a -gnu gem: every precompiled gem requires MUSL_AWARE, so it takes none.
+          it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: no precompiled gem (each needs #{MUSL_AWARE})" do
+            expect(picks(host)).to be_empty
+          end
         end
       end
     end
@@ -158,35 +141,43 @@ RSpec.describe "platforms" do
   # The same question asked of RubyGems' installer end to end: `gem install pgbus-hub`
   # from a gem source (file://, written here in RubyGems' index format) holding a
   # source gem and the four precompiled ones, empty stand-ins carrying the real
-  # gemspec's platform and required_rubygems_version; the host's identity is
-  # RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
+  # gemspec's platform and required_rubygems_version, listed in both orders (a
+  # RubyGems that lets two gems onto one host installs the one listed last); the
+  # host's identity is RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
   describe "`gem install` (RubyGems #{Gem::VERSION}) from a source with every gem" do
     require "rubygems/package"
     require "zlib"
 
-    before(:all) do
-      @source = Dir.mktmpdir("pgbus-hub-gem-source")
-      gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all)
+    # A gem source listing the gems in `order`; its directory.
+    def self.write_source(dir, order)
+      gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all).to_a
+      gems.reverse! if order == :reversed
       specs = gems.map do |platform, requirement|
         Gem::Specification.new do |spec|
           spec.name = "pgbus-hub"
           spec.version = Pgbus::Hub::VERSION
           spec.summary = "stand-in for #{platform}"
           spec.authors = ["pgbus-hub developers"]
-          spec.platform = platform
+          spec.platform = platform == "ruby" ? platform : Gem::Platform.new(platform.split("-", 3)) # as pgbus-hub.gemspec makes it
           spec.required_rubygems_version = requirement
         end
       end
-      FileUtils.mkdir_p([File.join(@source, "gems"), File.join(@source, "quick", "Marshal.4.8")])
+      FileUtils.mkdir_p([File.join(dir, "gems"), File.join(dir, "quick", "Marshal.4.8")])
       specs.each do |spec|
-        Dir.chdir(File.join(@source, "gems")) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } }
-        File.binwrite(File.join(@source, "quick", "Marshal.4.8", "#{spec.full_name}.gemspec.rz"), Gem.deflate(Marshal.dump(spec)))
+        Dir.chdir(File.join(dir, "gems")) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } }
+        File.binwrite(File.join(dir, "quick", "Marshal.4.8", "#{spec.full_name}.gemspec.rz"), Gem.deflate(Marshal.dump(spec)))
       end
       index = specs.map { |spec| [spec.name, spec.version, spec.platform.to_s] }
       { "specs" => index, "latest_specs" => index, "prerelease_specs" => [] }.each do |name, tuples|
-        Zlib::GzipWriter.open(File.join(@source, "#{name}.4.8.gz")) { |gz| gz.write(Marshal.dump(tuples)) }
+        Zlib::GzipWriter.open(File.join(dir, "#{name}.4.8.gz")) { |gz| gz.write(Marshal.dump(tuples)) }
       end
-      @fake = File.join(@source, "host.rb")
+      dir
+    end
+
+    before(:all) do
+      @dir = Dir.mktmpdir("pgbus-hub-gem-source")
+      @sources = %i[listed reversed].to_h { |order| [order, self.class.write_source(File.join(@dir, order.to_s), order)] }
+      @fake = File.join(@dir, "host.rb")
       File.write(@fake, <<~RUBY)
         RbConfig::CONFIG["arch"] = ENV.fetch("PGBUS_HUB_FAKE_ARCH")
         Gem::Platform.instance_variable_set(:@local, nil)
@@ -194,32 +185,33 @@ RSpec.describe "platforms" do
       RUBY
     end
 
-    after(:all) { FileUtils.rm_rf(@source) }
+    after(:all) { FileUtils.rm_rf(@dir) }
 
+    # The gems `gem install pgbus-hub` put in an empty GEM_HOME on `host`, from each source.
     def installs_on(host)
-      Dir.mktmpdir("pgbus-hub-gem-home") do |home|
-        out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
-                                      RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
-                                      "--source", "file://#{@source}/", "--no-document", "pgbus-hub")
-        expect(status).to be_success, out
-        Dir.children(File.join(home, "gems"))
+      @sources.transform_values do |source|
+        Dir.mktmpdir("pgbus-hub-gem-home") do |home|
+          out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
+                                        RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
+                                        "--source", "file://#{source}/", "--no-document", "pgbus-hub")
+          expect(status).to be_success, out
+          Dir.children(File.join(home, "gems"))
+        end
       end
     end
 
-    def gem_dir(platform) = "pgbus-hub-#{Pgbus::Hub::VERSION}-#{platform}"
+    def gem_dir(platform) = ["pgbus-hub-#{Pgbus::Hub::VERSION}", platform].compact.join("-")
 
-    %w[x86_64-linux-gnu x86_64-linux aarch64-linux-gnu].each do |host|
-      it "#{host}: the glibc gem" do
-        expect(installs_on(host)).to eq([gem_dir(host.delete_suffix("-gnu"))])
-      end
-    end
-
-    %w[x86_64-linux-musl aarch64-linux-musl].each do |host|
-      glibc = host.delete_suffix("-musl")
+    { "x86_64-linux-gnu" => "x86_64-linux-gnu", "x86_64-linux" => "x86_64-linux-gnu", "aarch64-linux-gnu" => "aarch64-linux-gnu",
+      "x86_64-linux-musl" => "x86_64-linux-musl", "aarch64-linux-musl" => "aarch64-linux-musl" }.each do |host, platform|
       if Gem.rubygems_version >= MUSL_AWARE
-        it("#{host}: the musl gem") { expect(installs_on(host)).to eq([gem_dir(host)]) }
+        it "#{host}: the #{platform} gem, whatever the order" do
+          expect(installs_on(host)).to eq(listed: [gem_dir(platform)], reversed: [gem_dir(platform)])
+        end
       else
-        it("#{host}: the glibc gem (the musl one needs RubyGems >= #{MUSL_AWARE})") { expect(installs_on(host)).to eq([gem_dir(glibc)]) }
+        it "#{host}: the source gem (every precompiled gem needs RubyGems >= #{MUSL_AWARE}), whatever the order" do
+          expect(installs_on(host)).to eq(listed: [gem_dir(nil)], reversed: [gem_dir(nil)])
+        end
       end
     end
   end
