@@ -93,6 +93,46 @@ RSpec.describe "platforms" do
     end
   end
 
+  # lib/pgbus/hub.rb's LoadError, from a copy of lib/ (as a precompiled gem lays it
+  # out) whose lib/pgbus_hub/ holds `libraries` ({ minor => bytes }), required by a new Ruby.
+  describe "a precompiled gem's library that does not load" do
+    MINOR = RUBY_VERSION[/\A\d+\.\d+/]
+
+    def require_with(libraries)
+      Dir.mktmpdir("pgbus-hub-loaderror") do |dir|
+        FileUtils.cp_r(File.join(ROOT, "lib", "pgbus"), File.join(dir, "pgbus"))
+        libraries.each do |minor, bytes|
+          FileUtils.mkdir_p(File.join(dir, "pgbus_hub", minor))
+          File.binwrite(File.join(dir, "pgbus_hub", minor, "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"), bytes)
+        end
+        Open3.capture2e({ "RUBYLIB" => nil, "RUBYOPT" => nil }, RbConfig.ruby, "-I", dir, "-e", 'require "pgbus/hub"',
+                        chdir: dir)
+      end
+    end
+
+    # The real library needing a libgcc_s that is not there, as the glibc gem's needs
+    # libc.so.6 on a musl host (one NEEDED name changed, same length); an empty file.
+    it "for this Ruby's minor but unloadable (a dependency missing; empty): the loader's words, then the likely cause" do
+      real = File.binread(Pgbus::Hub::NATIVE_DEV_PATH)
+      expect(real.scan("libgcc_s.so.1").size).to eq(1)
+      { "libgcc_Q.so.1" => real.sub("libgcc_s.so.1", "libgcc_Q.so.1"), "file too short" => "" }.each do |loader_says, bytes|
+        out, status = require_with(MINOR => bytes)
+        expect(status).not_to be_success
+        expect(out).to include(loader_says)
+        expect(out).to include("pgbus-hub's library for Ruby #{MINOR} is here but did not load: most likely this gem " \
+                               "was built for another C library or CPU than this Ruby's (#{RUBY_PLATFORM})")
+        expect(out).to include("gem install pgbus-hub --platform #{Gem::Platform.local}")
+        expect(out).not_to include("no native extension")
+      end
+    end
+
+    it "none for this Ruby's minor: names the minors inside" do
+      out, status = require_with("9.8" => "", "9.9" => "")
+      expect(status).not_to be_success
+      expect(out).to include("pgbus-hub has no native extension for Ruby #{MINOR} here (built for 9.8, 9.9)")
+    end
+  end
+
   # Which precompiled gem RubyGems (this Ruby's own) installs on each host,
   # asked through its public API: Gem::Platform.match_gem? with Gem.platforms set
   # to that host's (what `gem install` and Bundler filter candidates with), then
