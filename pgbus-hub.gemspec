@@ -35,11 +35,13 @@ Gem::Specification.new do |spec|
     spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
     spec.extensions = ["ext/pgbus_hub/extconf.rb"]
   else
-    built = Dir["lib/pgbus_hub/*/pgbus_hub.so"].sort
+    # Named as this Ruby names extensions: pgbus_hub.so, pgbus_hub.bundle on macOS.
+    built_glob = "lib/pgbus_hub/*/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"
+    built = Dir[built_glob].sort
     minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
     known = Pgbus::Hub::NATIVE_PLATFORMS.values.flatten
     raise "PGBUS_HUB_NATIVE_PLATFORM=#{native_platform}: not one of #{known.join(', ')}" unless known.include?(native_platform)
-    raise "PGBUS_HUB_NATIVE_PLATFORM: no lib/pgbus_hub/<minor>/pgbus_hub.so (run rake native)" if minors.empty?
+    raise "PGBUS_HUB_NATIVE_PLATFORM: no #{built_glob} (run rake native)" if minors.empty?
 
     # From its parts: RubyGems before 3.3.22 (the host's 3.3.15 builds these) would
     # fold "x86_64-linux-gnu" into "x86_64-linux".

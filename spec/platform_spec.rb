@@ -143,6 +143,7 @@ RSpec.describe "platforms" do
     GLIBC_HOSTS = { "x86_64-linux-gnu" => "Debian/Ubuntu's Ruby", "x86_64-linux" => "a Ruby built from source",
                     "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
     MUSL_HOSTS = { "x86_64-linux-musl" => "Alpine", "aarch64-linux-musl" => "Alpine on arm64" }.freeze
+    DARWIN_HOSTS = { "arm64-darwin23" => "a Mac's Ruby", "x86_64-darwin23" => "an Intel Mac's Ruby" }.freeze
     # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
     MUSL_AWARE = Gem::Version.new(Pgbus::Hub::NATIVE_RUBYGEMS)
 
@@ -161,7 +162,7 @@ RSpec.describe "platforms" do
       Pgbus::Hub::NATIVE_PLATFORMS.fetch(libc).find { |platform| platform.start_with?("#{host[/\A[^-]+/]}-") }
     end
 
-    { GLIBC_HOSTS => :glibc, MUSL_HOSTS => :musl }.each do |hosts, libc|
+    { GLIBC_HOSTS => :glibc, MUSL_HOSTS => :musl, DARWIN_HOSTS => :darwin }.each do |hosts, libc|
       hosts.each do |host, what|
         if Gem.rubygems_version >= MUSL_AWARE
           it "#{host} (#{what}): the #{libc} gem, and only it" do

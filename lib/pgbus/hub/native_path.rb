@@ -17,8 +17,10 @@ module Pgbus
     # last. Every one of them needs RubyGems >= NATIVE_RUBYGEMS (the gemspec says
     # so): older RubyGems (Debian 12's Ruby 3.1 has 3.3.15) cannot install a -gnu
     # gem and match any linux gem to any libc; they skip these and build the source gem.
+    # The darwin ones are built only on a Mac (docs/development.md's recipe); none is published.
     NATIVE_PLATFORMS = { glibc: %w[x86_64-linux-gnu aarch64-linux-gnu],
-                         musl: %w[x86_64-linux-musl aarch64-linux-musl] }.freeze
+                         musl: %w[x86_64-linux-musl aarch64-linux-musl],
+                         darwin: %w[arm64-darwin x86_64-darwin] }.freeze
     # The first RubyGems that tells musl from glibc (rubygems#5852).
     NATIVE_RUBYGEMS = "3.3.22"
 
