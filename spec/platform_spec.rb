@@ -186,33 +186,25 @@ RSpec.describe "platforms" do
   # RubyGems that lets two gems onto one host installs the one listed last); the
   # host's identity is RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
   describe "`gem install` (RubyGems #{Gem::VERSION}) from a source with every gem" do
-    require "rubygems/package"
-    require "zlib"
+    require_relative "support/gem_source"
 
-    # A gem source listing the gems in `order`; its directory.
+    # A gem source listing the stand-ins in `order`: its URL.
     def self.write_source(dir, order)
       gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all).to_a
       gems.reverse! if order == :reversed
-      specs = gems.map do |platform, requirement|
-        Gem::Specification.new do |spec|
-          spec.name = "pgbus-hub"
-          spec.version = Pgbus::Hub::VERSION
-          spec.summary = "stand-in for #{platform}"
-          spec.authors = ["pgbus-hub developers"]
-          spec.platform = platform == "ruby" ? platform : Gem::Platform.new(platform.split("-", 3)) # as pgbus-hub.gemspec makes it
-          spec.required_rubygems_version = requirement
+      built = File.join(dir, "built")
+      FileUtils.mkdir_p(built)
+      GemSource.write(dir, gems.map do |platform, requirement|
+        spec = Gem::Specification.new do |stand_in|
+          stand_in.name = "pgbus-hub"
+          stand_in.version = Pgbus::Hub::VERSION
+          stand_in.summary = "stand-in for #{platform}"
+          stand_in.authors = ["pgbus-hub developers"]
+          stand_in.platform = platform == "ruby" ? platform : Gem::Platform.new(platform.split("-", 3)) # as pgbus-hub.gemspec makes it
+          stand_in.required_rubygems_version = requirement
         end
-      end
-      FileUtils.mkdir_p([File.join(dir, "gems"), File.join(dir, "quick", "Marshal.4.8")])
-      specs.each do |spec|
-        Dir.chdir(File.join(dir, "gems")) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } }
-        File.binwrite(File.join(dir, "quick", "Marshal.4.8", "#{spec.full_name}.gemspec.rz"), Gem.deflate(Marshal.dump(spec)))
-      end
-      index = specs.map { |spec| [spec.name, spec.version, spec.platform.to_s] }
-      { "specs" => index, "latest_specs" => index, "prerelease_specs" => [] }.each do |name, tuples|
-        Zlib::GzipWriter.open(File.join(dir, "#{name}.4.8.gz")) { |gz| gz.write(Marshal.dump(tuples)) }
-      end
-      dir
+        [spec, File.join(built, Dir.chdir(built) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } })]
+      end)
     end
 
     before(:all) do
@@ -234,7 +226,7 @@ RSpec.describe "platforms" do
         Dir.mktmpdir("pgbus-hub-gem-home") do |home|
           out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
                                         RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
-                                        "--source", "file://#{source}/", "--no-document", "pgbus-hub")
+                                        "--source", source, "--no-document", "pgbus-hub")
           expect(status).to be_success, out
           Dir.children(File.join(home, "gems"))
         end
