@@ -96,7 +96,7 @@ RSpec.describe "platforms" do
   # lib/pgbus/hub.rb's LoadError, from a copy of lib/ (as a precompiled gem lays it
   # out) whose lib/pgbus_hub/ holds `libraries` ({ minor => bytes }), required by a new Ruby.
   describe "a precompiled gem's library that does not load" do
-    MINOR = RUBY_VERSION[/\A\d+\.\d+/]
+    minor = RUBY_VERSION[/\A\d+\.\d+/]
 
     def require_with(libraries)
       Dir.mktmpdir("pgbus-hub-loaderror") do |dir|
@@ -116,10 +116,10 @@ RSpec.describe "platforms" do
       real = File.binread(Pgbus::Hub::NATIVE_DEV_PATH)
       expect(real.scan("libgcc_s.so.1").size).to eq(1)
       { "libgcc_Q.so.1" => real.sub("libgcc_s.so.1", "libgcc_Q.so.1"), "file too short" => "" }.each do |loader_says, bytes|
-        out, status = require_with(MINOR => bytes)
+        out, status = require_with(minor => bytes)
         expect(status).not_to be_success
         expect(out).to include(loader_says)
-        expect(out).to include("pgbus-hub's library for Ruby #{MINOR} is here but did not load: most likely this gem " \
+        expect(out).to include("pgbus-hub's library for Ruby #{minor} is here but did not load: most likely this gem " \
                                "was built for another C library or CPU than this Ruby's (#{RUBY_PLATFORM})")
         expect(out).to include("gem install pgbus-hub --platform #{Gem::Platform.local}")
         expect(out).not_to include("no native extension")
@@ -129,7 +129,7 @@ RSpec.describe "platforms" do
     it "none for this Ruby's minor: names the minors inside" do
       out, status = require_with("9.8" => "", "9.9" => "")
       expect(status).not_to be_success
-      expect(out).to include("pgbus-hub has no native extension for Ruby #{MINOR} here (built for 9.8, 9.9)")
+      expect(out).to include("pgbus-hub has no native extension for Ruby #{minor} here (built for 9.8, 9.9)")
     end
   end
 
