@@ -7,7 +7,7 @@ require_relative "lib/pgbus/hub/native_path"
 # - the source gem (platform ruby): both crates, built by extconf.rb with cargo
 #   at install time; `rake gem` adds the vendored crates (vendor/cargo), so it
 #   builds offline;
-# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux (or another of
+# - PGBUS_HUB_NATIVE_PLATFORM=x86_64-linux-gnu (or another of
 #   Pgbus::Hub::NATIVE_PLATFORMS): a precompiled gem carrying one library per
 #   Ruby minor under lib/pgbus_hub/<minor>/; no compiler needed.
 native_platform = ENV.fetch("PGBUS_HUB_NATIVE_PLATFORM", "")
@@ -35,16 +35,21 @@ Gem::Specification.new do |spec|
     spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
     spec.extensions = ["ext/pgbus_hub/extconf.rb"]
   else
-    built = Dir["lib/pgbus_hub/*/pgbus_hub.so"].sort
+    # Named as this Ruby names extensions: pgbus_hub.so, pgbus_hub.bundle on macOS.
+    built_glob = "lib/pgbus_hub/*/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"
+    built = Dir[built_glob].sort
     minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
     known = Pgbus::Hub::NATIVE_PLATFORMS.values.flatten
     raise "PGBUS_HUB_NATIVE_PLATFORM=#{native_platform}: not one of #{known.join(', ')}" unless known.include?(native_platform)
-    raise "PGBUS_HUB_NATIVE_PLATFORM: no lib/pgbus_hub/<minor>/pgbus_hub.so (run rake native)" if minors.empty?
+    raise "PGBUS_HUB_NATIVE_PLATFORM: no #{built_glob} (run rake native)" if minors.empty?
 
-    spec.platform = Gem::Platform.new(native_platform)
-    # RubyGems before 3.3.22 reads any linux gem as fit for any libc: a musl gem
-    # must never reach a glibc host through one of those.
-    spec.required_rubygems_version = ">= 3.3.22" if native_platform.end_with?("-musl")
+    # From its parts: RubyGems before 3.3.22 (the host's 3.3.15 builds these) would
+    # fold "x86_64-linux-gnu" into "x86_64-linux".
+    spec.platform = Gem::Platform.new(native_platform.split("-", 3))
+    # RubyGems before 3.3.22 reads any linux gem as fit for any libc and cannot
+    # install a -gnu gem: such a RubyGems skips every precompiled gem for this
+    # and installs the source gem (cargo builds it).
+    spec.required_rubygems_version = ">= #{Pgbus::Hub::NATIVE_RUBYGEMS}"
     spec.files += built
     # The Rubies built for, from the oldest to the newest minor (a minor in
     # between without a build gets the load error naming the ones inside).

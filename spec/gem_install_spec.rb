@@ -13,7 +13,7 @@ RSpec.describe "the packaged gem" do
   it "ships what the build needs and nothing else" do
     files = spec.files
     expect(files).to include("Cargo.toml", "Cargo.lock", "ext/pgbus_hub/extconf.rb",
-                             "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/src/lib.rs",
+                             "ext/pgbus_hub/Cargo.toml", "ext/pgbus_hub/build.rs", "ext/pgbus_hub/src/lib.rs",
                              "ext/pgbus_hub_core/Cargo.toml", "ext/pgbus_hub_core/src/lib.rs",
                              "lib/pgbus/hub.rb")
     expect(files.grep(%r{(\A|/)(target|tmp|fuzz|spec)/})).to be_empty

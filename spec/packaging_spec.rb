@@ -6,16 +6,19 @@ require "open3"
 require "rbconfig"
 require "rubygems/package"
 require_relative "support/puma_apps/e2e_helpers"
+require_relative "support/gem_source"
 
 # The gems `rake gem` and `rake native` put in pkg/ (run with PGBUS_HUB_PKG=1
-# after building them; .ci/run does, on Ruby 3.1 and, in the chroot, 3.3):
-# - the precompiled gem installs with no Rust toolchain on PATH into an empty
-#   GEM_HOME, loads its library from there and serves a 4-worker Puma cluster
-#   on one LISTEN connection;
+# after building them; `rake packaging` does, on Ruby 3.1 and, in the chroot, 3.3):
+# - the precompiled x86_64-linux-gnu gem (RubyGems >= 3.3.22: Ruby 3.3 here) installs
+#   with no Rust toolchain on PATH into an empty GEM_HOME, loads its library from
+#   there and serves a 4-worker Puma cluster on one LISTEN connection; an older
+#   RubyGems (Debian 12's Ruby 3.1: 3.3.15) refuses it, saying which it needs;
 # - the musl gems (no musl Ruby here): their platform, the RubyGems they need, one
 #   library per minor, each passing bin/cross-musl's checks against Debian 12's musl;
 # - the source gem installs with crates.io unreachable (an empty CARGO_HOME,
-#   CARGO_NET_OFFLINE=true): everything it compiles is inside it.
+#   CARGO_NET_OFFLINE=true): everything it compiles is inside it. On a RubyGems
+#   older than 3.3.22, `gem install pgbus-hub` among all the gems takes it.
 RSpec.describe "packaged gems", :puma do
   include PumaE2E
 
@@ -32,14 +35,24 @@ RSpec.describe "packaged gems", :puma do
     end.join(File::PATH_SEPARATOR)
   end
 
-  # `isolated:` with no network at all (a network namespace of its own), where unshare(1) can.
-  def install(gem_file, home, env = {}, isolated: false)
+  # `gem install --local GEM_FILE`, or with `source:` (a gem source's URL) `gem install
+  # pgbus-hub` from there alone; `isolated:` with no network at all (a network namespace
+  # of its own), where unshare(1) can. [output, status]
+  def try_install(gem, home, env = {}, isolated: false, source: nil)
     no_network = isolated && system("unshare", "--net", "true", err: File::NULL) ? %w[unshare --net] : []
-    out, status = Open3.capture2e({ "GEM_HOME" => home, "GEM_PATH" => home }.merge(env),
-                                  *no_network, GEM_COMMAND, "install", "--local", "--no-document", gem_file)
+    from = source ? ["--clear-sources", "--source", source] : ["--local"]
+    Open3.capture2e({ "GEM_HOME" => home, "GEM_PATH" => home }.merge(env),
+                    *no_network, GEM_COMMAND, "install", *from, "--no-document", gem, chdir: Dir.tmpdir)
+  end
+
+  def install(...)
+    out, status = try_install(...)
     expect(status).to be_success, out
     out
   end
+
+  NATIVE_RUBYGEMS = Gem::Version.new(Pgbus::Hub::NATIVE_RUBYGEMS)
+  GLIBC_GEM = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-x86_64-linux-gnu.gem")
 
   # The library a fresh Ruby (no RUBYLIB) loads from `home`, and its version.
   def loaded_from(home, env = {})
@@ -50,8 +63,21 @@ RSpec.describe "packaged gems", :puma do
     out.strip.split("|")
   end
 
+  if Gem.rubygems_version < NATIVE_RUBYGEMS
+    it "precompiled: RubyGems #{Gem::VERSION} refuses the x86_64-linux-gnu gem, naming the RubyGems it needs" do
+      expect(File.exist?(GLIBC_GEM)).to be(true), "no precompiled gem in pkg/ (rake native)"
+      Dir.mktmpdir("pgbus-hub-native") do |home|
+        out, status = try_install(GLIBC_GEM, home)
+        expect(status).not_to be_success
+        expect(out).to include("requires RubyGems version >= #{NATIVE_RUBYGEMS}")
+        expect(Dir[File.join(home, "gems", "*")]).to be_empty
+      end
+    end
+  end
+
   it "precompiled: installs without a Rust toolchain, loads its #{MINOR} build, census 1 under Puma" do
-    gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-x86_64-linux.gem")
+    skip "RubyGems #{Gem::VERSION} < #{NATIVE_RUBYGEMS} refuses it (the example above)" if Gem.rubygems_version < NATIVE_RUBYGEMS
+    gem_file = GLIBC_GEM
     expect(File.exist?(gem_file)).to be(true), "no precompiled gem in pkg/ (rake native)"
     Dir.mktmpdir("pgbus-hub-native") do |home|
       no_rust = { "PATH" => path_without_rust }
@@ -99,6 +125,10 @@ RSpec.describe "packaged gems", :puma do
     end
   end
 
+  # Below NATIVE_RUBYGEMS the gem is asked for by name from a gem source holding every
+  # gem in pkg/ (spec/support/gem_source.rb), as `gem install pgbus-hub` asks a gem
+  # server: such a RubyGems skips the precompiled ones (each requires NATIVE_RUBYGEMS)
+  # and builds this one.
   it "source: installs with crates.io unreachable (vendored crates; no network where unshare can)" do
     gem_file = File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}.gem")
     expect(File.exist?(gem_file)).to be(true), "no source gem in pkg/ (rake gem)"
@@ -108,14 +138,22 @@ RSpec.describe "packaged gems", :puma do
       Dir.mkdir(cargo_home)
       offline = { "CARGO_HOME" => cargo_home, "CARGO_NET_OFFLINE" => "true", "CARGO_TARGET_DIR" => nil,
                   "RUSTUP_HOME" => ENV.fetch("RUSTUP_HOME") { File.join(Dir.home, ".rustup") } }
+      by_name = Gem.rubygems_version < NATIVE_RUBYGEMS
+      if by_name
+        gems = Dir[File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}{,-*}.gem")].sort
+        expect(gems.size).to be >= 4 # the source gem, x86_64 glibc, both musl
+        source = GemSource.write(File.join(dir, "source"), gems.map { |file| [Gem::Package.new(file).spec, file] })
+      end
       t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      install(gem_file, home, offline, isolated: true)
+      install(by_name ? "pgbus-hub" : gem_file, home, offline, isolated: true, source: source)
       seconds = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).round
+      expect(Dir.children(File.join(home, "gems"))).to eq(["pgbus-hub-#{Pgbus::Hub::VERSION}"]) # no platform: the source gem
       expect(Dir[File.join(cargo_home, "registry", "**", "*.crate")]).to be_empty
       version, feature = loaded_from(home)
       expect(version).to eq(Pgbus::Hub::VERSION)
       expect(feature).to start_with(home)
-      puts "  [source gem #{(File.size(gem_file) / 1048576.0).round(1)} MB: built offline in #{seconds} s on Ruby #{RUBY_VERSION}]"
+      puts "  [source gem #{(File.size(gem_file) / 1048576.0).round(1)} MB: built offline in #{seconds} s on Ruby #{RUBY_VERSION}" \
+           "#{" (RubyGems #{Gem::VERSION}, asked by name from a source of #{gems.size} gems)" if by_name}]"
     end
   end
 end

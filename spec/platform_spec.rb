@@ -93,6 +93,46 @@ RSpec.describe "platforms" do
     end
   end
 
+  # lib/pgbus/hub.rb's LoadError, from a copy of lib/ (as a precompiled gem lays it
+  # out) whose lib/pgbus_hub/ holds `libraries` ({ minor => bytes }), required by a new Ruby.
+  describe "a precompiled gem's library that does not load" do
+    minor = RUBY_VERSION[/\A\d+\.\d+/]
+
+    def require_with(libraries)
+      Dir.mktmpdir("pgbus-hub-loaderror") do |dir|
+        FileUtils.cp_r(File.join(ROOT, "lib", "pgbus"), File.join(dir, "pgbus"))
+        libraries.each do |minor, bytes|
+          FileUtils.mkdir_p(File.join(dir, "pgbus_hub", minor))
+          File.binwrite(File.join(dir, "pgbus_hub", minor, "pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"), bytes)
+        end
+        Open3.capture2e({ "RUBYLIB" => nil, "RUBYOPT" => nil }, RbConfig.ruby, "-I", dir, "-e", 'require "pgbus/hub"',
+                        chdir: dir)
+      end
+    end
+
+    # The real library needing a libgcc_s that is not there, as the glibc gem's needs
+    # libc.so.6 on a musl host (one NEEDED name changed, same length); an empty file.
+    it "for this Ruby's minor but unloadable (a dependency missing; empty): the loader's words, then the likely cause" do
+      real = File.binread(Pgbus::Hub::NATIVE_DEV_PATH)
+      expect(real.scan("libgcc_s.so.1").size).to eq(1)
+      { "libgcc_Q.so.1" => real.sub("libgcc_s.so.1", "libgcc_Q.so.1"), "file too short" => "" }.each do |loader_says, bytes|
+        out, status = require_with(minor => bytes)
+        expect(status).not_to be_success
+        expect(out).to include(loader_says)
+        expect(out).to include("pgbus-hub's library for Ruby #{minor} is here but did not load: most likely this gem " \
+                               "was built for another C library or CPU than this Ruby's (#{RUBY_PLATFORM})")
+        expect(out).to include("gem install pgbus-hub --platform #{Gem::Platform.local}")
+        expect(out).not_to include("no native extension")
+      end
+    end
+
+    it "none for this Ruby's minor: names the minors inside" do
+      out, status = require_with("9.8" => "", "9.9" => "")
+      expect(status).not_to be_success
+      expect(out).to include("pgbus-hub has no native extension for Ruby #{minor} here (built for 9.8, 9.9)")
+    end
+  end
+
   # Which precompiled gem RubyGems (this Ruby's own) installs on each host,
   # asked through its public API: Gem::Platform.match_gem? with Gem.platforms set
   # to that host's (what `gem install` and Bundler filter candidates with), then
@@ -103,14 +143,16 @@ RSpec.describe "platforms" do
     GLIBC_HOSTS = { "x86_64-linux-gnu" => "Debian/Ubuntu's Ruby", "x86_64-linux" => "a Ruby built from source",
                     "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
     MUSL_HOSTS = { "x86_64-linux-musl" => "Alpine", "aarch64-linux-musl" => "Alpine on arm64" }.freeze
+    DARWIN_HOSTS = { "arm64-darwin23" => "a Mac's Ruby", "x86_64-darwin23" => "an Intel Mac's Ruby" }.freeze
     # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
-    MUSL_AWARE = Gem::Version.new("3.3.22")
+    MUSL_AWARE = Gem::Version.new(Pgbus::Hub::NATIVE_RUBYGEMS)
 
     def picks(host)
       saved = Gem.platforms
       Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.new(host)]
       NativeGemRequirements.all.select do |platform, requirement|
-        Gem::Platform.match_gem?(Gem::Platform.new(platform), "pgbus-hub") && requirement.satisfied_by?(Gem.rubygems_version)
+        Gem::Platform.match_gem?(Gem::Platform.new(platform.split("-", 3)), "pgbus-hub") &&
+          requirement.satisfied_by?(Gem.rubygems_version)
       end.keys
     ensure
       Gem.platforms = saved
@@ -120,36 +162,18 @@ RSpec.describe "platforms" do
       Pgbus::Hub::NATIVE_PLATFORMS.fetch(libc).find { |platform| platform.start_with?("#{host[/\A[^-]+/]}-") }
     end
 
-    GLIBC_HOSTS.each do |host, what|
-      it "#{host} (#{what}): the glibc gem, never a musl one" do
-        expect(picks(host)).to eq([gem_for(host, :glibc)])
-      end
-    end
-
-    # Bundler's choice among the gems RubyGems lets through: the most specific
-    # platform (Bundler::GemHelpers.platform_specificity_match; Bundler 2.3.7 and 2.5.22 here).
-    def bundler_pick(host)
-      require "bundler"
-      picks(host).min_by do |platform|
-        Bundler::GemHelpers.platform_specificity_match(Gem::Platform.new(platform), Gem::Platform.new(host))
-      end
-    end
-
-    MUSL_HOSTS.each do |host, what|
-      if Gem.rubygems_version >= MUSL_AWARE
-        # RubyGems lets a libc-less linux gem onto musl hosts too (platform.rb: a
-        # nil version matches "musl"); Bundler then takes the exact platform, and
-        # `gem install` takes the musl gem as well (the next group installs).
-        it "#{host} (#{what}): the musl gem is fit, and Bundler takes it over the glibc one" do
-          expect(picks(host)).to include(gem_for(host, :musl))
-          expect(bundler_pick(host)).to eq(gem_for(host, :musl))
-        end
-      else
-        # Older RubyGems read any linux gem as fit for any libc: the musl gem's
-        # required_rubygems_version keeps it from glibc hosts, but on musl such
-        # a RubyGems takes the glibc gem. Musl users need RubyGems >= 3.3.22.
-        it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: not the musl gem (it needs #{MUSL_AWARE}); the glibc gem, as before musl gems" do
-          expect(picks(host)).to eq([gem_for(host, :glibc)])
+    { GLIBC_HOSTS => :glibc, MUSL_HOSTS => :musl, DARWIN_HOSTS => :darwin }.each do |hosts, libc|
+      hosts.each do |host, what|
+        if Gem.rubygems_version >= MUSL_AWARE
+          it "#{host} (#{what}): the #{libc} gem, and only it" do
+            expect(picks(host)).to eq([gem_for(host, libc)])
+          end
+        else
+          # Such a RubyGems matches any linux gem to any libc and cannot install
+          # a -gnu gem: every precompiled gem requires MUSL_AWARE, so it takes none.
+          it "#{host} (#{what}) with RubyGems < #{MUSL_AWARE}: no precompiled gem (each needs #{MUSL_AWARE})" do
+            expect(picks(host)).to be_empty
+          end
         end
       end
     end
@@ -158,35 +182,35 @@ RSpec.describe "platforms" do
   # The same question asked of RubyGems' installer end to end: `gem install pgbus-hub`
   # from a gem source (file://, written here in RubyGems' index format) holding a
   # source gem and the four precompiled ones, empty stand-ins carrying the real
-  # gemspec's platform and required_rubygems_version; the host's identity is
-  # RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
+  # gemspec's platform and required_rubygems_version, listed in both orders (a
+  # RubyGems that lets two gems onto one host installs the one listed last); the
+  # host's identity is RbConfig::CONFIG["arch"], rewritten before RubyGems reads it.
   describe "`gem install` (RubyGems #{Gem::VERSION}) from a source with every gem" do
-    require "rubygems/package"
-    require "zlib"
+    require_relative "support/gem_source"
+
+    # A gem source listing the stand-ins in `order`: its URL.
+    def self.write_source(dir, order)
+      gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all).to_a
+      gems.reverse! if order == :reversed
+      built = File.join(dir, "built")
+      FileUtils.mkdir_p(built)
+      GemSource.write(dir, gems.map do |platform, requirement|
+        spec = Gem::Specification.new do |stand_in|
+          stand_in.name = "pgbus-hub"
+          stand_in.version = Pgbus::Hub::VERSION
+          stand_in.summary = "stand-in for #{platform}"
+          stand_in.authors = ["pgbus-hub developers"]
+          stand_in.platform = platform == "ruby" ? platform : Gem::Platform.new(platform.split("-", 3)) # as pgbus-hub.gemspec makes it
+          stand_in.required_rubygems_version = requirement
+        end
+        [spec, File.join(built, Dir.chdir(built) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } })]
+      end)
+    end
 
     before(:all) do
-      @source = Dir.mktmpdir("pgbus-hub-gem-source")
-      gems = { "ruby" => Gem::Requirement.default }.merge(NativeGemRequirements.all)
-      specs = gems.map do |platform, requirement|
-        Gem::Specification.new do |spec|
-          spec.name = "pgbus-hub"
-          spec.version = Pgbus::Hub::VERSION
-          spec.summary = "stand-in for #{platform}"
-          spec.authors = ["pgbus-hub developers"]
-          spec.platform = platform
-          spec.required_rubygems_version = requirement
-        end
-      end
-      FileUtils.mkdir_p([File.join(@source, "gems"), File.join(@source, "quick", "Marshal.4.8")])
-      specs.each do |spec|
-        Dir.chdir(File.join(@source, "gems")) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } }
-        File.binwrite(File.join(@source, "quick", "Marshal.4.8", "#{spec.full_name}.gemspec.rz"), Gem.deflate(Marshal.dump(spec)))
-      end
-      index = specs.map { |spec| [spec.name, spec.version, spec.platform.to_s] }
-      { "specs" => index, "latest_specs" => index, "prerelease_specs" => [] }.each do |name, tuples|
-        Zlib::GzipWriter.open(File.join(@source, "#{name}.4.8.gz")) { |gz| gz.write(Marshal.dump(tuples)) }
-      end
-      @fake = File.join(@source, "host.rb")
+      @dir = Dir.mktmpdir("pgbus-hub-gem-source")
+      @sources = %i[listed reversed].to_h { |order| [order, self.class.write_source(File.join(@dir, order.to_s), order)] }
+      @fake = File.join(@dir, "host.rb")
       File.write(@fake, <<~RUBY)
         RbConfig::CONFIG["arch"] = ENV.fetch("PGBUS_HUB_FAKE_ARCH")
         Gem::Platform.instance_variable_set(:@local, nil)
@@ -194,32 +218,33 @@ RSpec.describe "platforms" do
       RUBY
     end
 
-    after(:all) { FileUtils.rm_rf(@source) }
+    after(:all) { FileUtils.rm_rf(@dir) }
 
+    # The gems `gem install pgbus-hub` put in an empty GEM_HOME on `host`, from each source.
     def installs_on(host)
-      Dir.mktmpdir("pgbus-hub-gem-home") do |home|
-        out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
-                                      RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
-                                      "--source", "file://#{@source}/", "--no-document", "pgbus-hub")
-        expect(status).to be_success, out
-        Dir.children(File.join(home, "gems"))
+      @sources.transform_values do |source|
+        Dir.mktmpdir("pgbus-hub-gem-home") do |home|
+          out, status = Open3.capture2e({ "PGBUS_HUB_FAKE_ARCH" => host, "GEM_HOME" => home, "GEM_PATH" => home },
+                                        RbConfig.ruby, "-r", @fake, "-S", "gem", "install", "--clear-sources",
+                                        "--source", source, "--no-document", "pgbus-hub")
+          expect(status).to be_success, out
+          Dir.children(File.join(home, "gems"))
+        end
       end
     end
 
-    def gem_dir(platform) = "pgbus-hub-#{Pgbus::Hub::VERSION}-#{platform}"
+    def gem_dir(platform) = ["pgbus-hub-#{Pgbus::Hub::VERSION}", platform].compact.join("-")
 
-    %w[x86_64-linux-gnu x86_64-linux aarch64-linux-gnu].each do |host|
-      it "#{host}: the glibc gem" do
-        expect(installs_on(host)).to eq([gem_dir(host.delete_suffix("-gnu"))])
-      end
-    end
-
-    %w[x86_64-linux-musl aarch64-linux-musl].each do |host|
-      glibc = host.delete_suffix("-musl")
+    { "x86_64-linux-gnu" => "x86_64-linux-gnu", "x86_64-linux" => "x86_64-linux-gnu", "aarch64-linux-gnu" => "aarch64-linux-gnu",
+      "x86_64-linux-musl" => "x86_64-linux-musl", "aarch64-linux-musl" => "aarch64-linux-musl" }.each do |host, platform|
       if Gem.rubygems_version >= MUSL_AWARE
-        it("#{host}: the musl gem") { expect(installs_on(host)).to eq([gem_dir(host)]) }
+        it "#{host}: the #{platform} gem, whatever the order" do
+          expect(installs_on(host)).to eq(listed: [gem_dir(platform)], reversed: [gem_dir(platform)])
+        end
       else
-        it("#{host}: the glibc gem (the musl one needs RubyGems >= #{MUSL_AWARE})") { expect(installs_on(host)).to eq([gem_dir(glibc)]) }
+        it "#{host}: the source gem (every precompiled gem needs RubyGems >= #{MUSL_AWARE}), whatever the order" do
+          expect(installs_on(host)).to eq(listed: [gem_dir(nil)], reversed: [gem_dir(nil)])
+        end
       end
     end
   end

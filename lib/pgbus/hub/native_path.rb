@@ -10,11 +10,19 @@ module Pgbus
       "../../pgbus_hub/#{RUBY_VERSION[/\A\d+\.\d+/]}/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}", __dir__
     )
 
-    # The precompiled gems (`rake native`, `rake native:aarch64`), by C library. The
-    # glibc ones keep the libc-less names: RubyGems before 3.3.22 (Debian 12's Ruby
-    # 3.1 has 3.3.15) cannot install an `x86_64-linux-gnu` gem at all.
-    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux aarch64-linux],
-                         musl: %w[x86_64-linux-musl aarch64-linux-musl] }.freeze
+    # The precompiled gems (`rake native`, `rake native:aarch64`, `rake native:musl`),
+    # by C library. The glibc ones say -gnu, as nokogiri's and rake-compiler-dock's
+    # do: RubyGems takes a libc-less `x86_64-linux` gem as fit for a musl host too
+    # (rubygems#5914) and `gem install` there took whichever gem the index listed
+    # last. Every one of them needs RubyGems >= NATIVE_RUBYGEMS (the gemspec says
+    # so): older RubyGems (Debian 12's Ruby 3.1 has 3.3.15) cannot install a -gnu
+    # gem and match any linux gem to any libc; they skip these and build the source gem.
+    # The darwin ones are built only on a Mac (docs/development.md's recipe); none is published.
+    NATIVE_PLATFORMS = { glibc: %w[x86_64-linux-gnu aarch64-linux-gnu],
+                         musl: %w[x86_64-linux-musl aarch64-linux-musl],
+                         darwin: %w[arm64-darwin x86_64-darwin] }.freeze
+    # The first RubyGems that tells musl from glibc (rubygems#5852).
+    NATIVE_RUBYGEMS = "3.3.22"
 
     # What differs per platform when cargo builds the extension for the Ruby at
     # hand: the one place extconf.rb (gem install) and the Rakefile (rake compile)
