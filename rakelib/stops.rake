@@ -3,10 +3,10 @@
 # Loaded by rake from rakelib/ (the Rakefile stays as it is).
 desc "Stops (issue 49, docs/deploys.md): graceful TERM, hot (USR2) and phased (USR1) restarts of a 4-worker Puma " \
      "serving the soak's Rails app with clients attached, pgbus_hub beside Rails' postgresql adapter, in the trixie " \
-     "chroot. N=40 (cycles), KINDS=term,usr2,usr1, RATE=10 (msg/s), CLIENTS=16, CONTROL=0, REPORT=file.json, " \
+     "chroot. N=40 (cycles), KINDS=term,usr2,usr1, RATE=10 (msg/s), CLIENTS=16, APPS=pgbus_hub,postgresql (the gem's app, the control; both at once by default), CONTROL=0 (APPS=pgbus_hub), REPORT=file.json, " \
      "DUMPS=dir (default tmp/stops-STAMP: dumps of workers alive 5 s after their stop); SHORT=1: the short form (RSpec)"
 task :stops do
-  env = { "N" => "N", "KINDS" => "KINDS", "RATE" => "RATE", "CLIENTS" => "CLIENTS", "CONTROL" => "CONTROL",
+  env = { "N" => "N", "KINDS" => "KINDS", "RATE" => "RATE", "CLIENTS" => "CLIENTS", "CONTROL" => "CONTROL", "APPS" => "APPS",
           "REPORT" => "REPORT", "DUMPS" => "DUMPS" }
         .filter_map { |name, from| "PGBUS_STOPS_#{name}=#{ENV[from]}" if ENV[from] }
   sh "bin/trixie", "rake", "compile"

@@ -11,7 +11,13 @@ preload = ENV.fetch("PGBUS_STOPS_PRELOAD", "1") == "1"
 preload_app! preload
 ENV.fetch("PGBUS_E2E_PLUGINS", "").split(",").each { |name| plugin name.to_sym }
 
-if !preload && ENV["PGBUS_E2E_PLUGINS"].to_s.include?("pgbus_hub")
+if !preload && ENV["SOAK_CABLE_ADAPTER"] == "pgbus_hub" && ENV["SOAK_PGBUS_SSE"] == "1"
+  # The gem's app with real pgbus: pgbus's configuration here (docs/deploys.md), the hub takes it.
+  # Rails first: pgbus loaded without it never loads its engine, which the app's workers need.
+  require "rails"
+  require_relative "../soak/app/config/pgbus_sse"
+  require "pgbus/hub"
+elsif !preload && ENV["SOAK_CABLE_ADAPTER"] == "pgbus_hub" # the gem's app (plugin :pgbus_hub)
   require "pgbus/hub"
   Pgbus::Hub.configure do |c|
     c.connection = ENV.fetch("DATABASE_URL")

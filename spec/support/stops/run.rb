@@ -8,4 +8,5 @@ require_relative "runner"
 $stdout.sync = true
 
 data = Stops::Runner.new.run
-exit(data[:apps].fetch("pgbus_hub")[:kinds].values.sum { |k| k[:killed] }.zero? ? 0 : 1)
+killed = data[:apps].fetch("pgbus_hub", { kinds: {} })[:kinds].values.sum { |k| k[:killed] }
+exit(killed.zero? ? 0 : 1)

@@ -6,6 +6,7 @@ require "securerandom"
 require "set"
 require_relative "../soak/runner"
 require_relative "cluster"
+require_relative "pgbus_sse"
 
 # `rake stops N=40` (issue 49, docs/deploys.md): graceful stops of a 4-worker Puma serving the
 # soak's Rails app (spec/support/soak: ActionCable + streaming HTTP, clients attached, messages
@@ -18,14 +19,23 @@ module Stops
   FLOW = 2.0 # seconds of messages before and after each restart
   GONE_DEADLINE = 45 # Puma kills a stuck worker at 30 s (worker_shutdown_timeout)
 
-  Settings = Struct.new(:cycles, :kinds, :rate, :clients, :control, :report, :dumps, keyword_init: true) do
+  ADAPTERS = %w[pgbus_hub postgresql].freeze # the gem's app, the control
+
+  # apps: which of ADAPTERS run, at the same time (PGBUS_STOPS_APPS; CONTROL=0 is pgbus_hub alone).
+  # pgbus_libs: real pgbus's lib dirs (PGBUS_HUB_REAL_PGBUS_LIBS): pgbus's SSE streams (pgbus_sse.rb).
+  Settings = Struct.new(:cycles, :kinds, :rate, :clients, :apps, :pgbus_libs, :report, :dumps, keyword_init: true) do
     def self.from_env(env = ENV)
       kinds = env.fetch("PGBUS_STOPS_KINDS", KINDS.join(",")).split(",").map(&:strip).reject(&:empty?)
       unknown = kinds - KINDS
       raise ArgumentError, "unknown stop kind(s) #{unknown.join(', ')} (known: #{KINDS.join(', ')})" unless unknown.empty?
 
+      apps = env.fetch("PGBUS_STOPS_APPS", env["PGBUS_STOPS_CONTROL"] == "0" ? "pgbus_hub" : ADAPTERS.join(","))
+                .split(",").map(&:strip).reject(&:empty?)
+      unknown = apps - ADAPTERS
+      raise ArgumentError, "unknown app(s) #{unknown.join(', ')} (known: #{ADAPTERS.join(', ')})" if unknown.any? || apps.empty?
+
       new(cycles: Integer(env.fetch("PGBUS_STOPS_N", "40")), kinds: kinds, rate: Float(env.fetch("PGBUS_STOPS_RATE", "10")),
-          clients: Integer(env.fetch("PGBUS_STOPS_CLIENTS", "16")), control: env.fetch("PGBUS_STOPS_CONTROL", "1") != "0",
+          clients: Integer(env.fetch("PGBUS_STOPS_CLIENTS", "16")), apps: apps, pgbus_libs: PgbusSse.libs(env),
           report: env["PGBUS_STOPS_REPORT"],
           dumps: env.fetch("PGBUS_STOPS_DUMPS") { File.join(PumaCluster::ROOT, "tmp", "stops-#{Time.now.utc.strftime('%Y%m%d-%H%M%S')}") })
     end
@@ -37,7 +47,7 @@ module Stops
   # served_by_kind / missed_per_client: the same per client kind (cable, stream), per client.
   # killed: old workers that never ran their at_exit (puma.rb marks it): the master SIGKILLed them.
   Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :killed,
-                    :missed, :missed_per_client, :lost, :detail, keyword_init: true)
+                    :missed, :missed_per_client, :lost, :lost_by_kind, :detail, keyword_init: true)
 
   # The stops of one app (adapter), run in a thread of its own beside the other app's.
   class AppStops
@@ -109,14 +119,22 @@ module Stops
 
     # A Soak::App on Stops::Cluster: booted, every client subscribed, messages flowing.
     def with_app(preload:)
-      app = Soak::App.new(@adapter, @pg, "#{@tag}_#{@adapter}", cluster: Cluster,
-                                                                env: { "PGBUS_STOPS_PRELOAD" => preload ? "1" : "0" })
+      env = { "PGBUS_STOPS_PRELOAD" => preload ? "1" : "0" }
+      app = if @settings.pgbus_libs.empty?
+              Soak::App.new(@adapter, @pg, "#{@tag}_#{@adapter}", cluster: Cluster, env: env)
+            else
+              PgbusSseApp.new(@adapter, @pg, "#{@tag}_#{@adapter}", cluster: Cluster, env: env, libs: @settings.pgbus_libs)
+            end
       app.puma.start(wait: false)
       app.puma.wait_for("#{@adapter} to serve /pid", timeout: 90) { app.puma.get("/pid") }
       app.puma.wait_for("4 workers of #{@adapter}", timeout: 90) { app.puma.worker_pids.size == 4 }
+      # pgbus's SSE clients are served at their first message: messages flow before they connect.
+      sse = !@settings.pgbus_libs.empty?
+      start_publisher = -> { (sse ? PgbusSsePublisher : Soak::Publisher).new(@pg, [app], rate: @settings.rate, log: method(:log)).start(Soak.now + 3600) }
+      publisher = start_publisher.call if sse
       app.open_clients(@settings.clients, Soak.now + 3600)
       app.puma.wait_for("every #{@adapter} client connected", timeout: 90) { app.clients.all?(&:connected?) }
-      publisher = Soak::Publisher.new(@pg, [app], rate: @settings.rate, log: method(:log)).start(Soak.now + 3600)
+      publisher ||= start_publisher.call
       sleep FLOW
       yield app, publisher
     ensure
@@ -219,27 +237,31 @@ module Stops
     # Attributed to +stops+ (the one USR2 of a cycle; the phased restarts of a cluster, evenly).
     def account(stops, app, publisher)
       app.clients.each(&:stop)
-      missed = lost = 0
+      missed = 0
       missed_by_kind = Hash.new(0)
+      lost_by_kind = Hash.new(0)
       pubs = publisher.pubs[app.adapter]
       app.clients.each do |client|
         got = client.arrivals.to_set(&:first)
         sessions = client.sessions
+        kind = client.name[%r{/([a-z]+)\d+\z}, 1]
         pubs.each do |seq, (t, committed)|
           next if got.include?(seq)
+          next if sessions.empty? || t < sessions.first.confirmed_at # before its first session (pgbus SSE: published from before it connects)
 
           connected = sessions.any? { |s| s.confirmed_at <= t && (s.ended_at.nil? || committed + Soak::GRACE <= s.ended_at) }
-          next lost += 1 if connected
+          next lost_by_kind[kind] += 1 if connected
 
           missed += 1
-          missed_by_kind[client.name[%r{/([a-z]+)\d+\z}, 1]] += 1
+          missed_by_kind[kind] += 1
         end
       end
       clients_by_kind = app.clients.map { |c| c.name[%r{/([a-z]+)\d+\z}, 1] }.tally
       stops = [stops].flatten # Array() would take a Struct for its members
       stops.each do |stop|
         stop.missed = (missed.to_f / stops.size).round(1)
-        stop.lost = (lost.to_f / stops.size).round(1)
+        stop.lost = (lost_by_kind.values.sum.to_f / stops.size).round(1)
+        stop.lost_by_kind = lost_by_kind.transform_values { |n| (n.to_f / stops.size).round(1) }
         stop.missed_per_client = clients_by_kind.to_h { |kind, n| [kind, (missed_by_kind[kind].to_f / n / stops.size).round(1)] }
       end
     end
@@ -255,13 +277,18 @@ module Stops
     def run
       @pg = PrivateCluster.new(tcp: true, max_connections: 200)
       @pg.start
-      adapters = @settings.control ? %w[pgbus_hub postgresql] : %w[pgbus_hub]
+      adapters = @settings.apps
       admin = @pg.connect
       adapters.each { |adapter| admin.exec("create database soak_#{adapter}") }
       admin.close
+      unless @settings.pgbus_libs.empty?
+        PgbusSse.load!(@settings.pgbus_libs)
+        adapters.each { |adapter| @pg.connect(dbname: "soak_#{adapter}").then { |c| PgbusSse.install_schema(c).tap { c.close } } }
+      end
       t0 = Soak.now
       tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
-      @out.puts "[stops] PostgreSQL #{PrivateCluster.release} on :#{@pg.port}; #{@settings.to_h.to_json}"
+      @out.puts "[stops] PostgreSQL #{PrivateCluster.release} on :#{@pg.port}; #{@settings.to_h.to_json}" \
+                "#{@settings.pgbus_libs.empty? ? '' : "; pgbus #{Pgbus::VERSION}'s SSE streams"}"
       runs = adapters.map { |adapter| AppStops.new(adapter, @pg, @settings, tag: tag, t0: t0, out: @out) }
       runs.map { |run| Thread.new { run.run } }.each(&:join)
       data = Stops.summarize(runs, @settings)
@@ -288,6 +315,8 @@ module Stops
           missed_per_client_per_stop: stops.filter_map(&:missed_per_client).flat_map(&:to_a).group_by(&:first)
                                            .transform_values { |pairs| (pairs.sum(&:last) / pairs.size).round(1) },
           missed_while_disconnected: stops.sum { |s| s.missed || 0 }.round, lost_while_connected: stops.sum { |s| s.lost || 0 }.round,
+          lost_while_connected_by_kind: stops.filter_map(&:lost_by_kind).flat_map(&:to_a).group_by(&:first)
+                                             .transform_values { |pairs| pairs.sum(&:last).round },
           lingering: stops.flat_map(&:lingered) }
       end
       [run.adapter, { kinds: by_kind, stops: run.stops.map(&:to_h) }]
@@ -303,7 +332,7 @@ module Stops
 
   def print(data, out)
     out.puts "", "=== stops: #{data[:settings][:cycles]} cycles, #{data[:settings][:clients]} WebSocket " \
-                 "(+ as many streaming HTTP on pgbus_hub) clients, #{data[:settings][:rate]} msg/s ==="
+                 "(+ as many #{data[:settings][:pgbus_libs].empty? ? 'streaming HTTP on pgbus_hub' : "pgbus SSE"}) clients, #{data[:settings][:rate]} msg/s ==="
     out.puts "| app | stop | stops | a worker alive > 5 s (workers killed) | old workers gone p50 / max s | master gone p50 / max s | " \
              "every client served again p50 / max s | missed while disconnected (per client and stop) | lost while connected |"
     out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -313,7 +342,7 @@ module Stops
         out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} (#{k[:killed]}) | #{fmt.call(k[:workers_gone_s])} | " \
                  "#{fmt.call(k[:master_gone_s])} | #{fmt.call(k[:served_again_s])} | #{k[:missed_while_disconnected]} " \
                  "(#{k[:missed_per_client_per_stop].map { |kind, n| "#{kind} #{n}" }.join(', ')}) | " \
-                 "#{k[:lost_while_connected]} |"
+                 "#{k[:lost_while_connected]}#{k[:lost_while_connected_by_kind].empty? ? '' : " (#{k[:lost_while_connected_by_kind].map { |kind, n| "#{kind} #{n}" }.join(', ')})"} |"
       end
     end
     data[:apps].each do |adapter, app|

@@ -6,15 +6,21 @@ require "active_record/railtie"
 require "action_controller/railtie"
 require "action_cable/engine"
 
+require_relative "pgbus_sse" if ENV["SOAK_PGBUS_SSE"] == "1" # opt-in: real pgbus's SSE streams (rake stops)
+
 ADAPTER = ENV.fetch("SOAK_CABLE_ADAPTER")
 if ADAPTER == "pgbus_hub"
   require "pgbus/hub"
   # The streams API on the same database as ActionCable: the hub LISTENs for both on one connection.
-  Pgbus::Hub.configure do |c|
-    c.connection = ENV.fetch("DATABASE_URL")
-    c.channel_prefix = ""
-    c.channel_suffix = ""
-    c.logger = Logger.new($stdout, level: Logger::INFO)
+  # With real pgbus (SOAK_PGBUS_SSE) the hub takes pgbus's configuration, as an app with both gems
+  # does: pgbus's channels (pgmq.q_NAME.INSERT), not this one's raw ones.
+  unless defined?(SoakPgbusSse)
+    Pgbus::Hub.configure do |c|
+      c.connection = ENV.fetch("DATABASE_URL")
+      c.channel_prefix = ""
+      c.channel_suffix = ""
+      c.logger = Logger.new($stdout, level: Logger::INFO)
+    end
   end
 end
 
@@ -32,6 +38,7 @@ class SoakApp < Rails::Application
 
   routes.append do
     mount SoakStreams => "/stream"
+    mount SoakPgbusSse.app => "/pgbus/streams" if defined?(SoakPgbusSse)
     get "/pid", to: ->(_env) { [200, { "content-type" => "application/json" }, [%({"pid":#{Process.pid}})]] }
   end
 end
