@@ -132,7 +132,7 @@ struct AsyncListens {
     thread: OwnedThread,
 }
 
-struct Shared {
+struct FailoverShared {
     state: Mutex<State>,
     /// Started by the first `listen_async`; taken by `stop`.
     async_listens: Mutex<Option<AsyncListens>>,
@@ -156,7 +156,7 @@ struct Shared {
 }
 
 pub struct FailoverListener {
-    shared: Arc<Shared>,
+    shared: Arc<FailoverShared>,
 }
 
 /// The wakes of a [`FailoverListener`], for the embedder's pump thread: the
@@ -165,7 +165,7 @@ pub struct FailoverListener {
 /// `listen_async`'s confirmations from the start).
 pub struct FailoverWakes {
     local: DeliveryReceiver,
-    shared: Arc<Shared>,
+    shared: Arc<FailoverShared>,
 }
 
 impl FailoverListener {
@@ -198,7 +198,7 @@ impl FailoverListener {
             Some((client, reader)) => (Serving::Hub(Arc::new(client)), Some(Arc::new(reader))),
             None => (Serving::Nobody, None),
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(FailoverShared {
             state: Mutex::new(State {
                 serving,
                 subscriptions: HashSet::new(),
@@ -245,7 +245,7 @@ impl FailoverListener {
             state.serving.clone()
         };
         let outcome = match serving {
-            Serving::Hub(client) => match client.ensure_listening_or_cancel(queue, cancel) {
+            Serving::Hub(client) => match client.subscribe_or_cancel(queue, cancel) {
                 Ok(Listening::Active) => Listened::Done,
                 Ok(Listening::AfterReconnect | Listening::Interrupted) => Listened::NotConfirmed,
                 Err(ClientError::Rejected { reason, .. }) => Listened::Refused(reason),
@@ -284,8 +284,8 @@ impl FailoverListener {
             state.serving.clone()
         };
         match serving {
-            Serving::Hub(client) => client.remove_listening(queue),
-            Serving::Local(local) => local.remove_listening(queue),
+            Serving::Hub(client) => client.unsubscribe(queue),
+            Serving::Local(local) => local.unlisten(queue),
             Serving::Nobody => {}
         }
     }
@@ -396,14 +396,14 @@ impl FailoverListener {
     }
 }
 
-impl Shared {
+impl FailoverShared {
     fn listen_on(&self, serving: &Serving, queue: &str, cancel: &Receiver<()>) -> Listened {
         let Serving::Local(local) = serving else {
             return Listened::NotConfirmed; // stopped, or no local listener could be built
         };
         let timeout = listen_ack_timeout(self.listener.health_check);
         let asked = Instant::now();
-        match local.ensure_listening_or_cancel(queue, timeout, cancel) {
+        match local.listen_or_cancel(queue, timeout, cancel) {
             Ok(()) => Listened::Done,
             Err(error) if error.is_invalid_name() => Listened::Refused(error.to_string()),
             // A cancelled wait reports Timeout too: only a wait that ran its course is logged.

@@ -465,7 +465,7 @@ fn a_dropped_hub_or_worker_listener_never_waits_for_its_threads() {
         assert_eq!(listener.ensure_listening(&queue), Listened::Done);
     }
     baseline
-        .ensure_listening(&queue, Duration::from_secs(5))
+        .listen(&queue, Duration::from_secs(5))
         .unwrap();
     assert!(!served.failed_over());
     fx.wait_for_census(3); // the hub's, `own`'s and the baseline's

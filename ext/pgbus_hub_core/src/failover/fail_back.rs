@@ -10,7 +10,7 @@ enum FailBackAttempt {
     Stopped,
 }
 
-impl Shared {
+impl FailoverShared {
     /// Starts the thread that probes for the hub while the local listener
     /// serves (none without a hub, in a forked child, or after `stop`).
     pub(super) fn start_fail_back(self: &Arc<Self>) {
@@ -78,7 +78,7 @@ impl Shared {
                     *lock(&self.hub_reader) = reader.take();
                     drop(state);
                     for queue in &removed {
-                        client.remove_listening(queue);
+                        client.unsubscribe(queue);
                         subscribed.remove(queue);
                     }
                     if let Serving::Local(local) = previous {
@@ -97,7 +97,7 @@ impl Shared {
                 pending
             };
             for queue in pending {
-                match client.ensure_listening_or_cancel(&queue, stop) {
+                match client.subscribe_or_cancel(&queue, stop) {
                     Ok(Listening::Active) => {
                         subscribed.insert(queue);
                     }
@@ -122,7 +122,7 @@ impl Shared {
 
 /// The fail-back thread: an attempt every [`FAIL_BACK_FIRST`], doubling to
 /// [`FAIL_BACK_MAX`], until one succeeds; ends at `stop` or once the listener is gone.
-fn run_fail_back(shared: &Weak<Shared>, stop: &Receiver<()>) {
+fn run_fail_back(shared: &Weak<FailoverShared>, stop: &Receiver<()>) {
     let mut delay = FAIL_BACK_FIRST;
     loop {
         if stop.recv_timeout(delay) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {

@@ -163,7 +163,7 @@ impl HubStats {
 
 /// What the hub's tasks share with each other and with `MasterHub::stats`
 /// (read from any thread): counters, the health flag, the backpressure policy.
-pub(crate) struct Shared {
+pub(crate) struct HubShared {
     log: LogSink,
     backpressure: Backpressure,
     healthy: AtomicBool,
@@ -186,7 +186,7 @@ pub(crate) struct Shared {
     started: Instant,
 }
 
-impl Shared {
+impl HubShared {
     fn new(config: &HubConfig) -> Self {
         let log = config.listener.log.clone();
         Self {
@@ -248,7 +248,7 @@ impl Shared {
 pub struct MasterHub {
     owner: Owner,
     socket_path: PathBuf,
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     running: Option<Running>,
 }
 
@@ -284,7 +284,7 @@ impl MasterHub {
                 return Err(e);
             }
         };
-        let shared = Arc::new(Shared::new(&config));
+        let shared = Arc::new(HubShared::new(&config));
         let (trigger, shutdown) = shutdown();
         let thread_shared = shared.clone();
         let spawned = OwnedThread::spawn(
@@ -381,7 +381,7 @@ impl Drop for MasterHub {
 
 /// The hub thread's whole life: the accept loop beside the router, until `shutdown`.
 async fn run(
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     config: HubConfig,
     std_listener: std::os::unix::net::UnixListener,
     shutdown: Shutdown,

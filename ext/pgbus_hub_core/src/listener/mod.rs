@@ -140,7 +140,7 @@ pub enum ListenError {
     },
     /// The engine stopped (or ended) before the LISTEN ran.
     Stopped,
-    /// [`StandaloneListener::ensure_listening`] gave up waiting; the request
+    /// [`StandaloneListener::listen`] gave up waiting; the request
     /// stays queued and is LISTENed when the connection allows.
     Timeout,
     /// The queue was unlistened (its last subscriber withdrew) before its
