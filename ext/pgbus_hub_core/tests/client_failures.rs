@@ -239,9 +239,7 @@ fn a_forked_child_is_inert_and_the_parent_keeps_working() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "child checks failed");
 
     assert!(!client.is_dead());
-    client
-        .subscribe("after_fork")
-        .expect("parent still works");
+    client.subscribe("after_fork").expect("parent still works");
     s.hub.send(&wake("after_fork", None));
     assert_eq!(
         s.deliveries.recv_timeout(Duration::from_secs(5)),
@@ -294,9 +292,7 @@ fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
     let _serial = shared();
     let d = driven(Behaviour::default(), Duration::from_secs(2));
     let pump = Pump::start(&d.reader);
-    d.client
-        .subscribe("q")
-        .expect("acked by the pump's read");
+    d.client.subscribe("q").expect("acked by the pump's read");
     let expected: Vec<Delivery> = (0..200)
         .map(|i| Delivery::Wake(Wake::new("q", (i % 2 == 1).then(|| format!("p{i}")))))
         .collect();

@@ -339,9 +339,7 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     let (sender, receiver) = delivery::channel();
     let standalone = StandaloneListener::start(config, sender).unwrap();
     let queue = tag();
-    standalone
-        .listen(&queue, Duration::from_secs(5))
-        .unwrap();
+    standalone.listen(&queue, Duration::from_secs(5)).unwrap();
     assert_eq!(
         standalone.listen("", Duration::from_secs(5)),
         Err(ListenError::EmptyName)
@@ -361,9 +359,7 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
 
     standalone.unlisten(&queue);
     let other = format!("{queue}_2");
-    standalone
-        .listen(&other, Duration::from_secs(5))
-        .unwrap();
+    standalone.listen(&other, Duration::from_secs(5)).unwrap();
     runtime.block_on(notify(&admin, &queue, "gone"));
     runtime.block_on(notify(&admin, &other, "here"));
     assert_eq!(

@@ -91,6 +91,8 @@ pub struct HubStats {
     /// Of `channels`, the raw ones (ActionCable's, LISTENed verbatim).
     pub raw_channels: usize,
     pub listener_healthy: bool,
+    /// Where the hub's LISTEN connection stands.
+    pub listener_state: listener::ListenerState,
     pub reconnects: u64,
     /// Reconnects where the given-up connection handed its backlog over (nothing lost).
     pub handovers: u64,
@@ -135,6 +137,7 @@ impl HubStats {
         put("channels", self.channels.into());
         put("raw_channels", self.raw_channels.into());
         put("listener_healthy", self.listener_healthy.into());
+        put("listener_state", self.listener_state.as_str().into());
         put("reconnects", self.reconnects.into());
         put("handovers", self.handovers.into());
         put("abandoned_connections", self.abandoned_connections.into());
@@ -223,6 +226,7 @@ impl HubShared {
             channels: self.channels.load(Ordering::Relaxed),
             raw_channels: self.raw_channels.load(Ordering::Relaxed),
             listener_healthy: self.healthy.load(Ordering::Relaxed),
+            listener_state: listener.map_or(Default::default(), ListenerStats::state),
             reconnects: listener.map_or(0, ListenerStats::reconnects),
             handovers: listener.map_or(0, ListenerStats::handovers),
             abandoned_connections: listener.map_or(0, ListenerStats::abandoned_connections),

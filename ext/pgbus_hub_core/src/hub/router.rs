@@ -185,7 +185,8 @@ impl Router {
     fn accept(&mut self, stream: tokio::net::UnixStream, peer_pid: Option<i32>) {
         let id = self.next_worker;
         self.next_worker += 1;
-        let worker = WorkerConnection::spawn(id, peer_pid, stream, self.shared.clone(), self.commands());
+        let worker =
+            WorkerConnection::spawn(id, peer_pid, stream, self.shared.clone(), self.commands());
         self.workers.insert(id, worker.clone());
         if let Some(healthy) = self.announced_health() {
             self.send(&worker, &Message::Status { healthy });
@@ -294,7 +295,12 @@ impl Router {
 
     /// Acks only a LISTEN that ran. A refused name gets our `nack` extension
     /// (pgbus's client ignores it and times out, as it would with no answer).
-    fn finish_subscribe(&mut self, worker: &WorkerConnection, queue: &str, outcome: Result<(), ListenError>) {
+    fn finish_subscribe(
+        &mut self,
+        worker: &WorkerConnection,
+        queue: &str,
+        outcome: Result<(), ListenError>,
+    ) {
         let log = &self.shared.log;
         match outcome {
             Ok(()) => self.send(worker, &Message::Ack(queue.to_owned())),

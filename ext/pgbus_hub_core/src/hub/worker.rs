@@ -151,7 +151,11 @@ impl WorkerConnection {
     }
 }
 
-async fn write_loop(worker: Arc<WorkerConnection>, mut writer: FrameWriter, shared: Arc<HubShared>) {
+async fn write_loop(
+    worker: Arc<WorkerConnection>,
+    mut writer: FrameWriter,
+    shared: Arc<HubShared>,
+) {
     let mut batch = Vec::with_capacity(FRAMES_PER_BATCH);
     let mut catch_up_poll = CATCH_UP_POLL_FIRST;
     loop {
@@ -188,7 +192,12 @@ async fn write_loop(worker: Arc<WorkerConnection>, mut writer: FrameWriter, shar
     worker.close();
 }
 
-async fn read_loop(worker: Arc<WorkerConnection>, mut reader: FrameReader, log: LogSink, commands: Commands) {
+async fn read_loop(
+    worker: Arc<WorkerConnection>,
+    mut reader: FrameReader,
+    log: LogSink,
+    commands: Commands,
+) {
     loop {
         let message = match reader.read_message().await {
             Ok(message) => message,
