@@ -38,4 +38,25 @@ RSpec.describe "docs" do
     end
     expect(missing).to eq([])
   end
+
+  # The state words (FailoverState, ListenerState) are defined once, in the core's `as_str`; the
+  # docs that show them (architecture.md's diagrams, api.md's lists) use exactly those words.
+  it "names the listeners' states with the words of their one list" do
+    words = lambda do |file|
+      File.read(File.join(ROOT, "ext/pgbus_hub_core/src", file))[/fn as_str.*?\n    \}/m].scan(/=> "(\w+)"/).flatten
+    end
+    failover = words.call("failover/state.rs")
+    listener = words.call("listener/state.rs")
+    expect(failover).to eq(%w[on_hub failing_over failed_over failing_back standalone unserved stopped])
+    expect(listener).to eq(%w[connecting listening handing_over reconnecting stopped])
+    architecture = File.read(File.join(ROOT, "docs", "architecture.md"))
+    diagrams = architecture.scan(/^\*\*[56]\. .*?^```\n(.*?)^```/m).flatten
+    expect(diagrams.size).to eq(2)
+    expect(failover.reject { |w| diagrams[0].match?(/(?<![\w])#{w}(?![\w])/) }).to eq([])
+    expect(listener.reject { |w| diagrams[1].match?(/(?<![\w])#{w}(?![\w])/) }).to eq([])
+    # No other state words in the diagrams (the old ones were capitals: ON HUB, COMING BACK).
+    expect(diagrams.join.scan(/\b[A-Z]{2,}(?: [A-Z]{2,})*\b/) - %w[ERROR DEBUG LISTEN UNLISTEN EOF]).to eq([])
+    api = File.read(File.join(ROOT, "docs", "api.md"))
+    [failover, listener].each { |list| expect(list.reject { |w| api.include?("`#{w}`") }).to eq([]) }
+  end
 end

@@ -37,10 +37,12 @@ RSpec.describe Pgbus::Hub::FailoverListener do
     wake = Timeout.timeout(5) { queue.pop }
     expect([wake.queue_name, wake.payload]).to eq(%w[fo_spec hello])
     expect(listener.failed_over?).to be(false)
-    expect(listener.stats).to eq({}) # no local connection
+    expect(listener.state).to eq(:on_hub)
+    expect(listener.stats).to eq(state: :on_hub) # no local connection
     expect(listener.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")
     listener.stop
     expect(listener.threads).to eq([])
+    expect(listener.state).to eq(:stopped)
   end
 
   it "without a reachable hub serves from its own connection at once, and says so" do
@@ -51,9 +53,10 @@ RSpec.describe Pgbus::Hub::FailoverListener do
     expect(listener.ensure_listening("fo_alone")).to eq(:done)
     TestDatabase.notify("fo_alone")
     expect(Timeout.timeout(5) { queue.pop }.queue_name).to eq("fo_alone")
-    expect(listener.stats).to include(healthy: true, channels: 1)
+    expect(listener.stats).to include(state: :failed_over, listener_state: :listening, healthy: true, channels: 1)
     wait_for("the log line") { out.string.include?("cannot reach master hub") }
     expect(out.string).to include("using a per-worker listener")
+    expect(out.string).to match(/failed over to a per-worker listener .* state=failed_over$/)
   end
 
   # The listener is the only holder of its dispatch queue, logger and

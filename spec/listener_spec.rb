@@ -32,7 +32,8 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(pop(queue)).to have_attributes(queue_name: "pgbus_orders", payload: nil)
     expect(pop(queue)).to have_attributes(queue_name: "pgbus_orders", payload: "<p>ephemeral</p>")
     expect(l).to be_connected
-    expect(l.stats).to include(channels: 1, healthy: true)
+    expect(l.state).to eq(:standalone) # no hub to try
+    expect(l.stats).to include(state: :standalone, listener_state: :listening, channels: 1, healthy: true)
   end
 
   # `rake bench` once saw a fresh listener answer nil (its first LISTEN not

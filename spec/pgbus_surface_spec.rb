@@ -11,7 +11,8 @@ require_relative "support/pgbus_surface_doc"
 # docs/pgbus-surface.md shows): in a child process per release with that release's stand-in
 # (spec/support/pgbus_standin; 0.15+ adds #threads and the shutdown that reports threads still
 # alive), every object pgbus-hub hands pgbus is built as pgbus builds it, taken through its states
-# (hub gone, failed back, hub up, failed over, stopped) and asked every call the list names for
+# (failed over at start, on the hub after a fail-back, on the hub, failed over, stopped; named by
+# our listener's #state there, which is checked too) and asked every call the list names for
 # that release. A missing method, another kind of result or another value fails its row.
 RSpec.describe "the pgbus surface" do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
@@ -63,13 +64,17 @@ RSpec.describe "the pgbus surface" do
         end
       end
       expect(problems).to eq([])
+      # Our listener's #state, FailoverState's word, in each state the list names.
+      listener = calls.map(&:object).find { |o| o != :master_hub }
+      expect(report.dig("states", listener.to_s))
+        .to eq(PgbusCalls::STATES.fetch(listener).to_h { |s| [s.to_s, PgbusCalls::LISTENER_STATE.fetch(s).to_s] })
       # pgbus's FailoverListener is never told of a failure: ours fails over and back by itself.
       expect(report["on_failure_calls"]).to eq(0) unless shape == "pre382"
       if Gem::Version.new(version) >= Gem::Version.new("0.15")
         # pgbus's shutdown takes the streamer's threads (ours among them) before the stops and
         # reports any still alive after them: none, with the hub up and after a fail-over.
         expect(report["shutdowns"].map { |s| [s["state"], s["threads_before"].positive?, s["leaked"]] })
-          .to eq([["hub_up", true, []], ["failed_over", true, []]])
+          .to eq([["on_hub", true, []], ["failed_over", true, []]])
       end
       puts "  [pgbus #{version}: #{calls.sum { |c| c.states.size }} calls answered]"
     end

@@ -34,7 +34,7 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       wait_for("listener healthy") { hub.stats[:listener_healthy] }
       stats = Pgbus::Hub.stats(socket_path: hub.socket_path)
       # the asking connection is not a worker
-      expect(stats).to include(listener_healthy: true, threads: 1, pid: Process.pid, workers: 0)
+      expect(stats).to include(listener_healthy: true, listener_state: "listening", threads: 1, pid: Process.pid, workers: 0)
       client = Pgbus::Hub::HubClient.new(socket_path: hub.socket_path, dispatch_queue: Queue.new).connect
       wait_for("the worker counted") { hub.stats[:workers] == 1 }
       expect(Pgbus::Hub.stats(socket_path: hub.socket_path)[:workers]).to eq(1)
@@ -44,7 +44,7 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
       expect(report).to include("status" => "healthy")
       expect_census(report) { expect(report["census"]).to be >= 1 }
       out, code = status("--socket", hub.socket_path)
-      expect([code, out]).to match([0, /healthy.*workers: \d+/m])
+      expect([code, out]).to match([0, /healthy.*listener: listening \(healthy: true\), workers: \d+/m])
     ensure
       client&.stop
       hub&.stop
@@ -102,7 +102,7 @@ RSpec.describe "Pgbus::Hub.stats and `pgbus-hub status`" do
                                       socket_path: File.join(dir, "h.sock")).start
       wait_for("a failed attempt", timeout: 10) { hub.stats[:last_error] }
       out, code = status("--socket", hub.socket_path)
-      expect([code, out]).to match([1, /degraded.*listener healthy: false.*last error: .+\(at .+ UTC, current\)/m])
+      expect([code, out]).to match([1, /degraded.*listener: (connecting|reconnecting) \(healthy: false\).*last error: .+\(at .+ UTC, current\)/m])
     ensure
       hub&.stop
     end

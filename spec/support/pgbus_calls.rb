@@ -17,13 +17,18 @@ module PgbusCalls
 
   # Where each object is exercised: its live states in order, then stopped.
   STATES = {
-    hub_client: %i[hub_gone failed_back hub_up failed_over stopped],
+    hub_client: %i[failed_over_at_start on_hub_after_fail_back on_hub failed_over stopped],
     master_hub: %i[started stopped],
-    listener: %i[hub_gone failed_back hub_up failed_over stopped]
+    listener: %i[failed_over_at_start on_hub_after_fail_back on_hub failed_over stopped]
   }.freeze
 
-  LIVE = { dead?: { hub_gone: true, failed_back: false, hub_up: false, failed_over: true, stopped: false },
-           hub_healthy?: { hub_gone: false, failed_back: true, hub_up: true, failed_over: false, stopped: false } }.freeze
+  # Our FailoverListener's #state in each (FailoverState's words, ext/pgbus_hub_core/src/failover/state.rs):
+  # a state is named by that word, and by how it got there where two share one.
+  LISTENER_STATE = { failed_over_at_start: :failed_over, on_hub_after_fail_back: :on_hub, on_hub: :on_hub,
+                     failed_over: :failed_over, stopped: :stopped }.freeze
+
+  LIVE = { dead?: { failed_over_at_start: true, on_hub_after_fail_back: false, on_hub: false, failed_over: true, stopped: false },
+           hub_healthy?: { failed_over_at_start: false, on_hub_after_fail_back: true, on_hub: true, failed_over: false, stopped: false } }.freeze
 
   Call = Struct.new(:object, :method, :args, :result, :since, :meaning, :states, :values, keyword_init: true)
 
@@ -32,7 +37,7 @@ module PgbusCalls
   # stopped); :integer; :string. +states+: where the call is made (default: every state of the object).
   CALLS = [
     [:hub_client, :connect, "", :self, nil, "starts this worker's listener at pgbus's socket_path; raises " \
-                                            "HubUnavailableError only when no listener can be built", %i[hub_gone hub_up]],
+                                            "HubUnavailableError only when no listener can be built", %i[failed_over_at_start on_hub]],
     [:hub_client, :ensure_listening, "queue", :done_or_nil, nil, "returns once LISTEN runs for the queue (nil: not " \
                                                                  "confirmed in time, or after stop)"],
     [:hub_client, :remove_listening, "queue", :nil, nil, "unsubscribes; never raises"],
@@ -48,7 +53,7 @@ module PgbusCalls
     [:master_hub, :evicted_workers, "", :integer, nil, "workers evicted for not draining"],
     [:master_hub, :threads, "", :threads, "0.15", "the Ruby threads the native hub owns (its log thread)"],
     [:master_hub, :stop, "", :self, nil, "stops the hub and unlinks its socket; idempotent", %i[stopped]],
-    [:listener, :start, "", :self, nil, "connects (hub or own connection); idempotent", %i[hub_gone hub_up]],
+    [:listener, :start, "", :self, nil, "connects (hub or own connection); idempotent", %i[failed_over_at_start on_hub]],
     [:listener, :ensure_listening, "queue", :done_or_nil, nil, "returns once LISTEN runs (nil: not confirmed in time)"],
     [:listener, :remove_listening, "queue", :nil, nil, "unsubscribes; never raises"],
     [:listener, :stop, "", :self, nil, "stops and joins its threads (bounded)", %i[stopped]]

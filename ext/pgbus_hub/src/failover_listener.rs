@@ -15,7 +15,7 @@ use magnus::{
     method, prelude::*, typed_data::Obj, value::Lazy, Error, RClass, RHash, RModule, Ruby, Symbol,
     Value,
 };
-use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, Listened};
+use pgbus_hub_core::failover::{FailoverConfig, FailoverListener, FailoverState, Listened};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -176,11 +176,28 @@ impl RbFailoverListener {
         self.listener().is_some_and(|l| l.hub_healthy())
     }
 
-    /// The local connection's health (`{}` while the hub serves).
+    /// Who serves (`FailoverState`'s word): nil before `start`, `:stopped` after `stop`.
+    fn state(ruby: &Ruby, rb_self: &Self) -> Option<Symbol> {
+        let state = match rb_self.listener() {
+            Some(listener) => listener.state(),
+            None if rb_self.started.load(Ordering::SeqCst) => FailoverState::Stopped,
+            None => return None,
+        };
+        Some(ruby.to_symbol(state.as_str()))
+    }
+
+    /// `state`, and the own connection's health (only `state` while the hub serves).
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         let hash = ruby.hash_new();
+        if let Some(state) = Self::state(ruby, rb_self) {
+            hash.aset(ruby.to_symbol("state"), state)?;
+        }
         if let Some(local) = rb_self.listener().and_then(|l| l.local()) {
             let stats = local.stats();
+            hash.aset(
+                ruby.to_symbol("listener_state"),
+                ruby.to_symbol(stats.state().as_str()),
+            )?;
             hash.aset(ruby.to_symbol("healthy"), stats.healthy())?;
             hash.aset(ruby.to_symbol("reconnects"), stats.reconnects())?;
             hash.aset(ruby.to_symbol("handovers"), stats.handovers())?;
@@ -244,6 +261,7 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     listener.define_method("connected?", method!(RbFailoverListener::connected, 0))?;
     class.define_method("failed_over?", method!(RbFailoverListener::failed_over, 0))?;
     class.define_method("hub_healthy?", method!(RbFailoverListener::hub_healthy, 0))?;
+    class.define_method("state", method!(RbFailoverListener::state, 0))?;
     class.define_method("stats", method!(RbFailoverListener::stats, 0))?;
     class.define_method("stop", method!(threads::stop::<RbFailoverListener>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbFailoverListener>, 0))?;

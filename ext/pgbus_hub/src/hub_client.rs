@@ -128,7 +128,7 @@ impl RbHubClient {
         let listening = nogvl_resuming(
             ruby,
             client.ack_timeout(),
-            |cancelled| client.ensure_listening_or_cancel(&queue, cancelled),
+            |cancelled| client.subscribe_or_cancel(&queue, cancelled),
             |outcome| matches!(outcome, Ok(Listening::Interrupted)),
         )?
         .ok_or_else(|| panicked(ruby, "HubClient#ensure_listening"))?;
@@ -154,7 +154,7 @@ impl RbHubClient {
     fn remove_listening(&self, queue: Value) -> Result<(), Error> {
         let queue = options::queue_name(queue)?;
         if let Some(client) = self.client() {
-            client.remove_listening(&queue);
+            client.unsubscribe(&queue);
         }
         Ok(())
     }

@@ -88,24 +88,6 @@ impl DeliveryReceiver {
         self.interrupter.clone()
     }
 
-    /// Blocks until a delivery arrives, `interrupt` is called, or `timeout`
-    /// passes; then takes up to `max` deliveries that are already waiting.
-    pub fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
-        let mut batch = Batch::default();
-        crossbeam_channel::select! {
-            recv(self.deliveries) -> first => match first {
-                Ok(delivery) => batch.items.push(delivery),
-                Err(_) => batch.closed = true,
-            },
-            recv(self.interrupts) -> _ => batch.interrupted = true,
-            default(timeout) => {}
-        }
-        if !batch.closed {
-            self.take_ready(&mut batch, max);
-        }
-        batch
-    }
-
     /// Adds deliveries already waiting to `batch`, without blocking, until it
     /// holds `max` (at least one). Never sets `closed` while items remain.
     pub fn take_ready(&self, batch: &mut Batch, max: usize) {
@@ -122,15 +104,29 @@ impl DeliveryReceiver {
         }
     }
 
-    /// Like `next_batch` for one item, without interrupts (Rust callers and tests).
+    /// Like [`WakeSource::next_batch`] for one item, without interrupts (Rust callers and tests).
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
         self.deliveries.recv_timeout(timeout).ok()
     }
 }
 
 impl WakeSource for DeliveryReceiver {
+    /// Blocks until a delivery arrives, `interrupt` is called, or `timeout`
+    /// passes; then takes up to `max` deliveries that are already waiting.
     fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
-        DeliveryReceiver::next_batch(self, max, timeout)
+        let mut batch = Batch::default();
+        crossbeam_channel::select! {
+            recv(self.deliveries) -> first => match first {
+                Ok(delivery) => batch.items.push(delivery),
+                Err(_) => batch.closed = true,
+            },
+            recv(self.interrupts) -> _ => batch.interrupted = true,
+            default(timeout) => {}
+        }
+        if !batch.closed {
+            self.take_ready(&mut batch, max);
+        }
+        batch
     }
 
     fn interrupt(&self) {

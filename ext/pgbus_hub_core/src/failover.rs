@@ -51,8 +51,10 @@ use crate::sync::lock;
 
 mod async_listens;
 mod fail_back;
+mod state;
 use async_listens::run_async_listens;
 use crossbeam_channel::{Receiver, Sender};
+pub use state::FailoverState;
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,7 +119,24 @@ struct State {
     subscriptions: HashSet<String>,
     /// Set by a fail-over (whatever it came to), cleared by a fail-back.
     failed_over: bool,
+    /// A fail-back attempt is subscribing through a hub that answered.
+    failing_back: bool,
     stopped: bool,
+}
+
+impl State {
+    /// The one place the [`FailoverState`] is read off the fields.
+    fn state(&self, had_hub: bool) -> FailoverState {
+        match &self.serving {
+            _ if self.stopped => FailoverState::Stopped,
+            Serving::Hub(_) if self.failed_over => FailoverState::FailingOver,
+            Serving::Hub(_) => FailoverState::OnHub,
+            Serving::Local(_) if self.failing_back => FailoverState::FailingBack,
+            Serving::Local(_) if had_hub => FailoverState::FailedOver,
+            Serving::Local(_) => FailoverState::Standalone,
+            Serving::Nobody => FailoverState::Unserved,
+        }
+    }
 }
 
 /// What the `listen_async` thread is asked, in order.
@@ -132,7 +151,7 @@ struct AsyncListens {
     thread: OwnedThread,
 }
 
-struct Shared {
+struct FailoverShared {
     state: Mutex<State>,
     /// Started by the first `listen_async`; taken by `stop`.
     async_listens: Mutex<Option<AsyncListens>>,
@@ -156,7 +175,7 @@ struct Shared {
 }
 
 pub struct FailoverListener {
-    shared: Arc<Shared>,
+    shared: Arc<FailoverShared>,
 }
 
 /// The wakes of a [`FailoverListener`], for the embedder's pump thread: the
@@ -165,7 +184,7 @@ pub struct FailoverListener {
 /// `listen_async`'s confirmations from the start).
 pub struct FailoverWakes {
     local: DeliveryReceiver,
-    shared: Arc<Shared>,
+    shared: Arc<FailoverShared>,
 }
 
 impl FailoverListener {
@@ -198,11 +217,12 @@ impl FailoverListener {
             Some((client, reader)) => (Serving::Hub(Arc::new(client)), Some(Arc::new(reader))),
             None => (Serving::Nobody, None),
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(FailoverShared {
             state: Mutex::new(State {
                 serving,
                 subscriptions: HashSet::new(),
                 failed_over: false,
+                failing_back: false,
                 stopped: false,
             }),
             async_listens: Mutex::new(None),
@@ -245,7 +265,7 @@ impl FailoverListener {
             state.serving.clone()
         };
         let outcome = match serving {
-            Serving::Hub(client) => match client.ensure_listening_or_cancel(queue, cancel) {
+            Serving::Hub(client) => match client.subscribe_or_cancel(queue, cancel) {
                 Ok(Listening::Active) => Listened::Done,
                 Ok(Listening::AfterReconnect | Listening::Interrupted) => Listened::NotConfirmed,
                 Err(ClientError::Rejected { reason, .. }) => Listened::Refused(reason),
@@ -284,8 +304,8 @@ impl FailoverListener {
             state.serving.clone()
         };
         match serving {
-            Serving::Hub(client) => client.remove_listening(queue),
-            Serving::Local(local) => local.remove_listening(queue),
+            Serving::Hub(client) => client.unsubscribe(queue),
+            Serving::Local(local) => local.unlisten(queue),
             Serving::Nobody => {}
         }
     }
@@ -348,6 +368,11 @@ impl FailoverListener {
         state.failed_over && !matches!(state.serving, Serving::Hub(_))
     }
 
+    /// Who serves now (see [`FailoverState`]).
+    pub fn state(&self) -> FailoverState {
+        self.shared.state()
+    }
+
     /// True while the hub serves and its last `status` said healthy (the
     /// hub client's [`HubClient::hub_healthy`]); false on the local
     /// listener, after `stop`, and in a forked child.
@@ -369,11 +394,20 @@ impl FailoverListener {
     /// Idempotent: stops whichever side serves; no fail-over happens after it.
     /// Waits for the side's threads unless `cancel` receives (see the sides' `stop_or_cancel`).
     pub fn stop_or_cancel(&self, cancel: &Receiver<()>) {
-        let serving = {
+        let (serving, was_stopped) = {
             let mut state = lock(&self.shared.state);
-            state.stopped = true;
-            std::mem::replace(&mut state.serving, Serving::Nobody)
+            let was_stopped = std::mem::replace(&mut state.stopped, true);
+            (
+                std::mem::replace(&mut state.serving, Serving::Nobody),
+                was_stopped,
+            )
         };
+        if !was_stopped {
+            let stopped = FailoverState::Stopped;
+            self.shared.log.debug(format!(
+                "[pgbus-hub] worker listener stopped state={stopped}"
+            ));
+        }
         let async_listens = lock(&self.shared.async_listens).take();
         let fail_back = lock(&self.shared.fail_back).take();
         if let Some(thread) = fail_back {
@@ -396,14 +430,18 @@ impl FailoverListener {
     }
 }
 
-impl Shared {
+impl FailoverShared {
+    fn state(&self) -> FailoverState {
+        lock(&self.state).state(self.hub.is_some())
+    }
+
     fn listen_on(&self, serving: &Serving, queue: &str, cancel: &Receiver<()>) -> Listened {
         let Serving::Local(local) = serving else {
             return Listened::NotConfirmed; // stopped, or no local listener could be built
         };
         let timeout = listen_ack_timeout(self.listener.health_check);
         let asked = Instant::now();
-        match local.ensure_listening_or_cancel(queue, timeout, cancel) {
+        match local.listen_or_cancel(queue, timeout, cancel) {
             Ok(()) => Listened::Done,
             Err(error) if error.is_invalid_name() => Listened::Refused(error.to_string()),
             // A cancelled wait reports Timeout too: only a wait that ran its course is logged.
@@ -425,7 +463,8 @@ impl Shared {
             Ok(local) => Some(Arc::new(local)),
             Err(error) => {
                 self.log.error(format!(
-                    "[pgbus-hub] per-worker listener failed to start ({error}) — streams degraded until this worker recycles"
+                    "[pgbus-hub] per-worker listener failed to start ({error}) — streams degraded until this worker recycles state={}",
+                    FailoverState::Unserved
                 ));
                 None
             }
@@ -500,8 +539,9 @@ impl Shared {
         let woken = self.wake_all(&replayed);
         self.log.info(format!(
             "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed, \
-             {woken} queue(s) woken to re-read what was committed meanwhile)",
+             {woken} queue(s) woken to re-read what was committed meanwhile) state={}",
             replayed.len(),
+            self.state(),
         ));
         self.start_fail_back();
     }

@@ -18,7 +18,7 @@ fn ensure_listening_blocks_until_the_hub_acks() {
         ..Behaviour::default()
     });
     let started = Instant::now();
-    s.client.ensure_listening("pgbus_chat").expect("acked");
+    s.client.subscribe("pgbus_chat").expect("acked");
     assert!(started.elapsed() >= delay, "returned before the ack");
     assert_eq!(s.hub.subs(), vec!["pgbus_chat".to_owned()]);
     assert!(!s.client.is_dead());
@@ -31,7 +31,7 @@ fn concurrent_waiters_on_one_queue_are_released_fifo() {
     let s = setup(never_ack());
     let spawn_waiter = |client: &Arc<HubClient>| {
         let client = Arc::clone(client);
-        thread::spawn(move || client.ensure_listening("q"))
+        thread::spawn(move || client.subscribe("q"))
     };
     let first = spawn_waiter(&s.client);
     s.hub.wait_received(1);
@@ -68,7 +68,7 @@ fn many_threads_many_queues_all_acked() {
             thread::spawn(move || {
                 for i in 0..50 {
                     client
-                        .ensure_listening(&format!("q{}", (t * 7 + i) % 5))
+                        .subscribe(&format!("q{}", (t * 7 + i) % 5))
                         .expect("acked");
                 }
             })
@@ -85,7 +85,7 @@ fn many_threads_many_queues_all_acked() {
 fn wakes_arrive_in_order_durable_ephemeral_unicode_and_7999_bytes() {
     let _serial = shared();
     let s = setup(Behaviour::default());
-    s.client.ensure_listening("chat").unwrap();
+    s.client.subscribe("chat").unwrap();
     let big = "é".repeat(3999) + "x"; // 7999 bytes, NOTIFY's payload ceiling
     assert_eq!(big.len(), 7999);
     let mut expected = vec![
@@ -151,7 +151,7 @@ fn no_ack_times_out_kills_the_client_and_later_calls_fail_fast() {
     let _serial = shared();
     let s = setup_with(never_ack(), Duration::from_millis(200));
     let started = Instant::now();
-    let message = unavailable_message(s.client.ensure_listening("slow"));
+    let message = unavailable_message(s.client.subscribe("slow"));
     let waited = started.elapsed();
     assert_eq!(message, "master hub ack timeout for slow");
     assert!(message.contains("ack"));
@@ -164,7 +164,7 @@ fn no_ack_times_out_kills_the_client_and_later_calls_fail_fast() {
 
     let started = Instant::now();
     assert_eq!(
-        unavailable_message(s.client.ensure_listening("next")),
+        unavailable_message(s.client.subscribe("next")),
         "master hub is unavailable: sub ack for slow not received within 0.2s"
     );
     assert!(started.elapsed() < Duration::from_millis(50), "not fast");
@@ -187,7 +187,7 @@ fn hub_closing_mid_wait_releases_waiters_and_fails_once() {
         .into_iter()
         .map(|q| {
             let client = Arc::clone(&s.client);
-            thread::spawn(move || (q, client.ensure_listening(q)))
+            thread::spawn(move || (q, client.subscribe(q)))
         })
         .collect();
     s.hub.wait_received(3);
@@ -215,7 +215,7 @@ fn hub_closing_mid_wait_releases_waiters_and_fails_once() {
 fn oversize_announcement_kills_the_client_once() {
     let _serial = shared();
     let s = setup(Behaviour::default());
-    s.client.ensure_listening("q").unwrap();
+    s.client.subscribe("q").unwrap();
     s.hub.send_raw(&[0x7f, 0xff, 0xff, 0xff]);
     let reason = expect_one_failure(&s.deliveries);
     assert!(
@@ -293,7 +293,7 @@ fn nack_rejects_that_waiter_only_and_the_client_lives() {
         nack_prefix: Some("bad".into()),
         ..Behaviour::default()
     });
-    let error = s.client.ensure_listening("bad_queue").unwrap_err();
+    let error = s.client.subscribe("bad_queue").unwrap_err();
     assert_eq!(
         error,
         ClientError::Rejected {
@@ -306,7 +306,7 @@ fn nack_rejects_that_waiter_only_and_the_client_lives() {
         "master hub refused bad_queue: queue name is not allowed"
     );
     assert!(!s.client.is_dead());
-    s.client.ensure_listening("good").expect("still usable");
+    s.client.subscribe("good").expect("still usable");
     assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
 }
 
@@ -314,7 +314,7 @@ fn nack_rejects_that_waiter_only_and_the_client_lives() {
 fn remove_listening_writes_exactly_the_unsub_frame() {
     let _serial = shared();
     let s = setup(Behaviour::default());
-    s.client.remove_listening("pgbus_chat");
+    s.client.unsubscribe("pgbus_chat");
     s.hub.wait_received(1);
     let body = br#"{"t":"unsub","q":"pgbus_chat"}"#;
     let mut expected = (body.len() as u32).to_be_bytes().to_vec();
@@ -330,7 +330,7 @@ fn remove_listening_on_a_dead_or_stopped_client_is_a_no_op() {
     s.hub.close_all();
     wait_for("dead", || s.client.is_dead());
     let started = Instant::now();
-    s.client.remove_listening("q");
+    s.client.unsubscribe("q");
     assert!(started.elapsed() < Duration::from_millis(50));
     assert_eq!(
         expect_one_failure(&s.deliveries),
@@ -339,7 +339,7 @@ fn remove_listening_on_a_dead_or_stopped_client_is_a_no_op() {
 
     let s = setup(Behaviour::default());
     s.client.stop();
-    s.client.remove_listening("q");
+    s.client.unsubscribe("q");
     assert!(s.hub.received().is_empty());
     assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
 }

@@ -104,7 +104,7 @@ fn stop_releases_a_blocked_ensure_listening_without_failure() {
     let _serial = shared();
     let s = setup_with(never_ack(), Duration::from_secs(30));
     let client = Arc::clone(&s.client);
-    let waiter = thread::spawn(move || client.ensure_listening("q"));
+    let waiter = thread::spawn(move || client.subscribe("q"));
     s.hub.wait_received(1);
     let started = Instant::now();
     s.client.stop();
@@ -120,7 +120,7 @@ fn stop_releases_a_blocked_ensure_listening_without_failure() {
         Some("master hub client stopped")
     );
     assert_eq!(
-        unavailable_message(s.client.ensure_listening("q")),
+        unavailable_message(s.client.subscribe("q")),
         "master hub is unavailable: master hub client stopped"
     );
     s.client.stop(); // idempotent
@@ -139,7 +139,7 @@ fn stop_returns_within_2s_when_the_hub_never_reads() {
     );
     // A 3 MiB unsub overflows the socket buffer: the write blocks.
     let client = Arc::clone(&s.client);
-    let writer = thread::spawn(move || client.remove_listening(&"q".repeat(3 << 20)));
+    let writer = thread::spawn(move || client.unsubscribe(&"q".repeat(3 << 20)));
     thread::sleep(Duration::from_millis(300));
     assert!(!writer.is_finished(), "the write did not block");
     let started = Instant::now();
@@ -163,7 +163,7 @@ fn a_write_stalled_past_ack_timeout_kills_the_client() {
         Duration::from_millis(300),
     );
     let started = Instant::now();
-    let message = unavailable_message(s.client.ensure_listening(&"q".repeat(3 << 20)));
+    let message = unavailable_message(s.client.subscribe(&"q".repeat(3 << 20)));
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(
         message,
@@ -179,10 +179,10 @@ fn a_write_stalled_past_ack_timeout_kills_the_client() {
 fn an_unencodable_queue_is_rejected_locally() {
     let _serial = shared();
     let s = setup(Behaviour::default());
-    let error = s.client.ensure_listening(&"q".repeat(5 << 20)).unwrap_err();
+    let error = s.client.subscribe(&"q".repeat(5 << 20)).unwrap_err();
     assert!(matches!(error, ClientError::Rejected { .. }));
     assert!(!s.client.is_dead());
-    s.client.ensure_listening("q").unwrap();
+    s.client.subscribe("q").unwrap();
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn drop_without_stop_closes_the_connection() {
 fn a_forked_child_is_inert_and_the_parent_keeps_working() {
     let _serial = exclusive();
     let s = setup(Behaviour::default());
-    s.client.ensure_listening("before_fork").unwrap();
+    s.client.subscribe("before_fork").unwrap();
     let client = Arc::into_inner(s.client).unwrap();
 
     // SAFETY: the child only calls the client (inert paths, no locks) and _exit.
@@ -218,7 +218,7 @@ fn a_forked_child_is_inert_and_the_parent_keeps_working() {
         if client.hub_healthy() {
             code |= 2;
         }
-        match client.ensure_listening("from_child") {
+        match client.subscribe("from_child") {
             Err(ClientError::Unavailable(m))
                 if m == "master hub client was inherited across fork; connect a new one" => {}
             _ => code |= 4,
@@ -226,7 +226,7 @@ fn a_forked_child_is_inert_and_the_parent_keeps_working() {
         if client.dead_reason().is_none() {
             code |= 8;
         }
-        client.remove_listening("from_child");
+        client.unsubscribe("from_child");
         client.stop();
         drop(client);
         // SAFETY: leaving the child without running the parent's destructors.
@@ -239,9 +239,7 @@ fn a_forked_child_is_inert_and_the_parent_keeps_working() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "child checks failed");
 
     assert!(!client.is_dead());
-    client
-        .ensure_listening("after_fork")
-        .expect("parent still works");
+    client.subscribe("after_fork").expect("parent still works");
     s.hub.send(&wake("after_fork", None));
     assert_eq!(
         s.deliveries.recv_timeout(Duration::from_secs(5)),
@@ -294,9 +292,7 @@ fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
     let _serial = shared();
     let d = driven(Behaviour::default(), Duration::from_secs(2));
     let pump = Pump::start(&d.reader);
-    d.client
-        .ensure_listening("q")
-        .expect("acked by the pump's read");
+    d.client.subscribe("q").expect("acked by the pump's read");
     let expected: Vec<Delivery> = (0..200)
         .map(|i| Delivery::Wake(Wake::new("q", (i % 2 == 1).then(|| format!("p{i}")))))
         .collect();
@@ -331,7 +327,7 @@ fn driven_acks_do_not_wait_for_a_pump_away_in_the_app() {
     }
     for i in 0..10 {
         assert_eq!(
-            d.client.ensure_listening(&format!("new_{i}")),
+            d.client.subscribe(&format!("new_{i}")),
             Ok(Listening::Active)
         );
     }
@@ -365,7 +361,7 @@ fn driven_interrupt_releases_a_blocked_wait_at_once() {
     assert!(started.elapsed() < Duration::from_secs(10));
     // Cleared: the next wait is a real wait again, and the client still works.
     let pump = Pump::start(&d.reader);
-    d.client.ensure_listening("q").expect("acked");
+    d.client.subscribe("q").expect("acked");
     d.client.stop();
     pump.join();
 }

@@ -43,7 +43,7 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
         let client = Arc::clone(&client);
         thread::spawn(move || {
             let started = Instant::now();
-            (client.ensure_listening("before"), started.elapsed())
+            (client.subscribe("before"), started.elapsed())
         })
     };
     hub.wait_received(1);
@@ -56,7 +56,7 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
     // While unhealthy: at most the grace period per sub, never dead.
     for i in 0..5 {
         let started = Instant::now();
-        let result = client.ensure_listening(&format!("during_{i}"));
+        let result = client.subscribe(&format!("during_{i}"));
         assert_eq!(result.expect("not an error"), Listening::AfterReconnect);
         assert!(started.elapsed() < UNHEALTHY_ACK_GRACE + Duration::from_millis(500));
     }
@@ -64,7 +64,7 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
     // an ack means "LISTENed on reconnect", not "listening now".
     let acked_in_outage = {
         let client = Arc::clone(&client);
-        thread::spawn(move || client.ensure_listening("acked_in_outage"))
+        thread::spawn(move || client.subscribe("acked_in_outage"))
     };
     hub.wait_received(7);
     hub.send(&Message::Ack("acked_in_outage".into()));
@@ -94,7 +94,7 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
     }
     let acker = {
         let client = Arc::clone(&client);
-        thread::spawn(move || client.ensure_listening("after"))
+        thread::spawn(move || client.subscribe("after"))
     };
     hub.wait_received(8);
     hub.send(&Message::Ack("after".into()));
@@ -133,7 +133,7 @@ fn a_hub_that_is_healthy_but_silent_still_times_out_and_fails_over() {
     let (client, reader) = HubClient::connect_driven(config).expect("connect");
     let deliveries = Pump::start(&Arc::new(reader));
     hub.wait_connections(1);
-    assert!(client.ensure_listening("q").is_err());
+    assert!(client.subscribe("q").is_err());
     assert!(client.is_dead());
     assert!(matches!(
         deliveries.recv_timeout(Duration::from_secs(2)),

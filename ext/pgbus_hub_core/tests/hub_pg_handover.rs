@@ -95,7 +95,7 @@ fn freeze_under_a_stream(name: &str, fault: Fault) -> Outcome {
     let clients: Vec<(Arc<HubClient>, Pump)> = (0..SUBSCRIBERS)
         .map(|_| {
             let (client, pump) = driven_client(hub.socket_path(), budget);
-            assert_eq!(client.ensure_listening(&queue), Ok(Listening::Active));
+            assert_eq!(client.subscribe(&queue), Ok(Listening::Active));
             (client, pump)
         })
         .collect();

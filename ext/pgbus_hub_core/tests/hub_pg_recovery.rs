@@ -208,7 +208,7 @@ fn a_black_holed_database_path_is_an_outage_not_a_fail_over() {
     let mut ruby = Peer::connect(&hub);
     let warm = format!("i41b_{pid}_warm");
     for (client, _) in &clients {
-        assert_eq!(client.ensure_listening(&warm), Ok(Listening::Active));
+        assert_eq!(client.subscribe(&warm), Ok(Listening::Active));
     }
     wait_until("census 1", || fx.census() == 1);
     // The last sub resets the engine's health tick: the subs below reach an
@@ -226,7 +226,7 @@ fn a_black_holed_database_path_is_an_outage_not_a_fail_over() {
             let queue = format!("i41b_{pid}_{i}");
             std::thread::spawn(move || {
                 let started = Instant::now();
-                let result = client.ensure_listening(&queue);
+                let result = client.subscribe(&queue);
                 (result, started.elapsed())
             })
         })
@@ -285,7 +285,7 @@ fn a_black_holed_database_path_is_an_outage_not_a_fail_over() {
 
     // A sub while the hole lasts is answered at once (the outage rule).
     let late = Instant::now();
-    let result = clients[0].0.ensure_listening(&format!("i41b_{pid}_late"));
+    let result = clients[0].0.subscribe(&format!("i41b_{pid}_late"));
     assert_eq!(result, Ok(Listening::AfterReconnect));
     let late = late.elapsed();
     assert!(late < Duration::from_millis(500), "{late:?}");

@@ -339,11 +339,9 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     let (sender, receiver) = delivery::channel();
     let standalone = StandaloneListener::start(config, sender).unwrap();
     let queue = tag();
-    standalone
-        .ensure_listening(&queue, Duration::from_secs(5))
-        .unwrap();
+    standalone.listen(&queue, Duration::from_secs(5)).unwrap();
     assert_eq!(
-        standalone.ensure_listening("", Duration::from_secs(5)),
+        standalone.listen("", Duration::from_secs(5)),
         Err(ListenError::EmptyName)
     );
     runtime.block_on(notify(&admin, &queue, "payload"));
@@ -359,11 +357,9 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     assert!(standalone.stats().healthy());
     assert_eq!(standalone.stats().notifications(), 2);
 
-    standalone.remove_listening(&queue);
+    standalone.unlisten(&queue);
     let other = format!("{queue}_2");
-    standalone
-        .ensure_listening(&other, Duration::from_secs(5))
-        .unwrap();
+    standalone.listen(&other, Duration::from_secs(5)).unwrap();
     runtime.block_on(notify(&admin, &queue, "gone"));
     runtime.block_on(notify(&admin, &other, "here"));
     assert_eq!(
@@ -380,7 +376,7 @@ fn standalone_listener_delivers_and_stops_within_two_seconds() {
     );
     standalone.stop(); // idempotent
     assert_eq!(
-        standalone.ensure_listening(&queue, Duration::from_secs(1)),
+        standalone.listen(&queue, Duration::from_secs(1)),
         Err(ListenError::Stopped)
     );
     assert!(!standalone.stats().healthy());
@@ -395,7 +391,7 @@ fn standalone_ensure_listening_times_out_while_unreachable() {
         StandaloneListener::start(ListenerConfig::new(options, LogSink::silent()), sender).unwrap();
     let started = Instant::now();
     assert_eq!(
-        standalone.ensure_listening("q", Duration::from_millis(300)),
+        standalone.listen("q", Duration::from_millis(300)),
         Err(ListenError::Timeout)
     );
     assert!(started.elapsed() >= Duration::from_millis(300));

@@ -3,7 +3,8 @@
 # Runs in a child process with one stand-in shape on $LOAD_PATH (tests only):
 #   PGBUS_STANDIN_VERSION=0.15.0 ruby -I lib -I spec/support/pgbus_standin/<shape>/lib surface_probe.rb DATABASE_URL DIR
 # Builds each object pgbus-hub hands this pgbus release the way pgbus builds it, takes it through
-# its states (PgbusCalls::STATES: a hub gone, failed back, up, failed over, stopped) and makes
+# its states (PgbusCalls::STATES: failed over at start, on the hub after a fail-back, on the hub,
+# failed over, stopped; our listener's #state read in each) and makes
 # there every call spec/support/pgbus_calls.rb lists for the release. Prints one JSON report:
 # objects -> object -> state -> method -> what came back (or the error raised).
 require "json"
@@ -19,7 +20,7 @@ config.database_url = url
 config.streams_listen_scope = :master
 calls = PgbusCalls.calls(Pgbus::VERSION)
 objects = Hash.new { |hash, key| hash[key] = {} }
-report = { version: Pgbus::VERSION, installed: Pgbus::Hub::PgbusAdapter.shape, objects: objects }
+report = { version: Pgbus::VERSION, installed: Pgbus::Hub::PgbusAdapter.shape, objects: objects, states: {} }
 hub_path = File.join(dir, "hub.sock")
 ENV["PGBUS_STREAMS_HUB_SOCKET"] = hub_path
 
@@ -44,6 +45,8 @@ record = lambda do |object, state, receiver|
       end
     )
   end
+  ours = receiver.respond_to?(:listener) ? receiver.listener : receiver
+  (report[:states][object] ||= {})[state] = ours.state.to_s if ours.respond_to?(:state)
 end
 
 def wait_for(seconds = 10)
@@ -71,12 +74,12 @@ build = if report[:installed] == :hub_era
         end
 object, make = build
 first = make.call
-record.call(object, :hub_gone, first)
+record.call(object, :failed_over_at_start, first)
 start_hub.call
 wait_for { !away.call(first) }
-record.call(object, :failed_back, first)
+record.call(object, :on_hub_after_fail_back, first)
 second = make.call
-record.call(object, :hub_up, second)
+record.call(object, :on_hub, second)
 Pgbus::Hub::SharedHub.stop
 wait_for { away.call(second) }
 record.call(object, :failed_over, second)
@@ -93,7 +96,7 @@ end
 
 # pgbus 0.15+'s shutdown: the streamer's threads taken before the stops, those alive after them reported.
 if Pgbus.respond_to?(:reports_leaks?) && Pgbus.reports_leaks?
-  report[:shutdowns] = %i[hub_up failed_over].map do |state|
+  report[:shutdowns] = %i[on_hub failed_over].map do |state|
     start_hub.call
     instance = Pgbus::Web::Streamer.current
     instance.subscribe("surface")

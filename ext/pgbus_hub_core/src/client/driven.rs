@@ -1,5 +1,5 @@
 //! The hub client's reading side: no thread of its own. The embedder's pump
-//! thread calls [`DrivenReader::next_batch`], which polls the socket itself,
+//! thread calls [`WakeSource::next_batch`](crate::delivery::WakeSource::next_batch), which polls the socket itself,
 //! decodes what arrived and hands the client each frame (see the module doc
 //! of [`crate::client`] for why). [`Wakeup`] is how another thread ends
 //! that poll early (Ruby's unblock function, the pump's stop).

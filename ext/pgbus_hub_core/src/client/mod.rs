@@ -1,6 +1,6 @@
 //! The worker's hub client: one Unix-socket connection to the master hub.
 //!
-//! `ensure_listening` writes `sub` and blocks until the hub acks (the LISTEN
+//! `subscribe` writes `sub` and blocks until the hub acks (the LISTEN
 //! is active), so the no-lost-wake contract crosses the process boundary.
 //! Whoever reads the socket decodes the hub's frames: wakes go to the
 //! [`DeliverySender`] (per-queue order preserved), acks release waiters,
@@ -21,7 +21,7 @@
 //! is [`crate::transport::socket`].
 //!
 //! Database outages are not transport failures. While the hub's last
-//! `status` says its PostgreSQL connection is down, `ensure_listening` returns
+//! `status` says its PostgreSQL connection is down, `subscribe` returns
 //! [`Listening::AfterReconnect`] on the hub's ack (our hub acks such a sub at
 //! once) or after [`UNHEALTHY_ACK_GRACE`] without one (a hub that holds the
 //! ack until it reconnects): the hub keeps the sub and LISTENs it when it
@@ -83,7 +83,7 @@ pub fn hub_ack_timeout(health_check: Duration) -> Duration {
 /// return as soon as stop's shutdown(2) lands; this only bounds a wedge.
 pub const STOP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long `ensure_listening` waits for an ack while the hub reports its
+/// How long `subscribe` waits for an ack while the hub reports its
 /// database connection down. Long enough for a hub still making its first
 /// connection to a local server (a few ms) to ack; short enough that a request
 /// subscribing during an outage stays far below 100 ms and far below
@@ -146,7 +146,7 @@ impl fmt::Display for ClientError {
 
 impl std::error::Error for ClientError {}
 
-/// How `ensure_listening` succeeded.
+/// How `subscribe` succeeded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Listening {
     /// The hub acked: its LISTEN is active.
@@ -259,13 +259,13 @@ impl HubClient {
     /// Subscribes to `queue` and blocks until the hub acks it (LISTEN active),
     /// or, while the hub reports its database down, at most
     /// [`UNHEALTHY_ACK_GRACE`] (then `AfterReconnect`).
-    pub fn ensure_listening(&self, queue: &str) -> Result<Listening, ClientError> {
-        self.ensure_listening_or_cancel(queue, &crossbeam_channel::never())
+    pub fn subscribe(&self, queue: &str) -> Result<Listening, ClientError> {
+        self.subscribe_or_cancel(queue, &crossbeam_channel::never())
     }
 
-    /// [`HubClient::ensure_listening`], returning [`Listening::Interrupted`]
+    /// [`HubClient::subscribe`], returning [`Listening::Interrupted`]
     /// as soon as `cancel` receives.
-    pub fn ensure_listening_or_cancel(
+    pub fn subscribe_or_cancel(
         &self,
         queue: &str,
         cancel: &Receiver<()>,
@@ -372,7 +372,7 @@ impl HubClient {
                     inner.log.warn(format!(
                         "{LOG_PREFIX} the master hub reports its database connection down: {queue} \
                          (and later subs) stay registered there and are LISTENed when it reconnects; \
-                         until then ensure_listening returns without confirmation"
+                         until then subscribe returns without confirmation"
                     ));
                 }
                 Ok(Listening::AfterReconnect)
@@ -392,7 +392,7 @@ impl HubClient {
 
     /// Fire-and-forget `unsub`. A no-op on a dead, stopped or inherited
     /// client; a failed write marks the client dead but is not reported here.
-    pub fn remove_listening(&self, queue: &str) {
+    pub fn unsubscribe(&self, queue: &str) {
         if !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire) {
             return;
         }
@@ -419,7 +419,7 @@ impl HubClient {
             && self.inner.healthy.load(Ordering::Acquire)
     }
 
-    /// The longest `ensure_listening` waits for an ack.
+    /// The longest `subscribe` waits for an ack.
     pub fn ack_timeout(&self) -> Duration {
         self.inner.ack_timeout
     }

@@ -1,4 +1,4 @@
-//! Callers of `ensure_listening` waiting for the hub's answer to their `sub`.
+//! Callers of `HubClient::subscribe` waiting for the hub's answer to their `sub`.
 //! The hub answers a queue's subs in the order they were sent, so an answer
 //! (ack or nack) goes to the oldest waiter for its queue. Each waiter hears
 //! exactly one outcome, or takes itself out first (timeout, cancel).

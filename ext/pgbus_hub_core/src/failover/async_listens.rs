@@ -6,7 +6,7 @@ use super::*;
 /// asked again after [`LISTEN_RETRY`] while still subscribed (logged once
 /// per queue). Ends at `stop`, or once the listener is gone.
 pub(super) fn run_async_listens(
-    shared: &Weak<Shared>,
+    shared: &Weak<FailoverShared>,
     commands: &Receiver<Command>,
     stop: &Receiver<()>,
 ) {

@@ -10,7 +10,7 @@ enum FailBackAttempt {
     Stopped,
 }
 
-impl Shared {
+impl FailoverShared {
     /// Starts the thread that probes for the hub while the local listener
     /// serves (none without a hub, in a forked child, or after `stop`).
     pub(super) fn start_fail_back(self: &Arc<Self>) {
@@ -50,8 +50,29 @@ impl Shared {
             Err(_) => return FailBackAttempt::NotYet,
         };
         let client = Arc::new(client);
-        let mut reader = Some(Arc::new(reader));
         let _one = lock(&self.failing_over);
+        lock(&self.state).failing_back = true;
+        self.log.info(format!(
+            "[pgbus-hub] the master hub at {} answers again: subscribing through it while the \
+             per-worker listener serves state={}",
+            socket_path.display(),
+            self.state()
+        ));
+        let attempt = self.fail_back_through(&client, reader, &socket_path, stop);
+        lock(&self.state).failing_back = false;
+        attempt
+    }
+
+    /// Subscribes every recorded subscription through `client`, then swaps
+    /// it in (Done), or stops it (NotYet, Stopped).
+    fn fail_back_through(
+        &self,
+        client: &Arc<HubClient>,
+        reader: DrivenReader,
+        socket_path: &std::path::Path,
+        stop: &Receiver<()>,
+    ) -> FailBackAttempt {
+        let mut reader = Some(Arc::new(reader));
         let mut subscribed: HashSet<String> = HashSet::new();
         loop {
             let pending: Vec<String> = {
@@ -68,8 +89,9 @@ impl Shared {
                     .collect();
                 if pending.is_empty() {
                     let previous =
-                        std::mem::replace(&mut state.serving, Serving::Hub(Arc::clone(&client)));
+                        std::mem::replace(&mut state.serving, Serving::Hub(Arc::clone(client)));
                     state.failed_over = false;
+                    state.failing_back = false;
                     // Removed while we subscribed: not the hub's to serve.
                     let removed: Vec<String> = subscribed
                         .difference(&state.subscriptions)
@@ -78,7 +100,7 @@ impl Shared {
                     *lock(&self.hub_reader) = reader.take();
                     drop(state);
                     for queue in &removed {
-                        client.remove_listening(queue);
+                        client.unsubscribe(queue);
                         subscribed.remove(queue);
                     }
                     if let Serving::Local(local) = previous {
@@ -88,16 +110,17 @@ impl Shared {
                     self.log.info(format!(
                         "[pgbus-hub] back on the master hub at {} ({} subscription(s) acked by it, \
                          {woken} queue(s) woken to re-read what was committed meanwhile); \
-                         the per-worker connection is closed",
+                         the per-worker connection is closed state={}",
                         socket_path.display(),
                         subscribed.len(),
+                        FailoverState::OnHub,
                     ));
                     return FailBackAttempt::Done;
                 }
                 pending
             };
             for queue in pending {
-                match client.ensure_listening_or_cancel(&queue, stop) {
+                match client.subscribe_or_cancel(&queue, stop) {
                     Ok(Listening::Active) => {
                         subscribed.insert(queue);
                     }
@@ -108,8 +131,9 @@ impl Shared {
                     outcome => {
                         self.log.info(format!(
                             "[pgbus-hub] the master hub at {} answers again but not for {queue:?} \
-                             ({outcome:?}): staying on the per-worker listener, trying again later",
-                            socket_path.display()
+                             ({outcome:?}): staying on the per-worker listener, trying again later state={}",
+                            socket_path.display(),
+                            FailoverState::FailedOver,
                         ));
                         client.stop();
                         return FailBackAttempt::NotYet;
@@ -122,7 +146,7 @@ impl Shared {
 
 /// The fail-back thread: an attempt every [`FAIL_BACK_FIRST`], doubling to
 /// [`FAIL_BACK_MAX`], until one succeeds; ends at `stop` or once the listener is gone.
-fn run_fail_back(shared: &Weak<Shared>, stop: &Receiver<()>) {
+fn run_fail_back(shared: &Weak<FailoverShared>, stop: &Receiver<()>) {
     let mut delay = FAIL_BACK_FIRST;
     loop {
         if stop.recv_timeout(delay) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {

@@ -91,6 +91,8 @@ pub struct HubStats {
     /// Of `channels`, the raw ones (ActionCable's, LISTENed verbatim).
     pub raw_channels: usize,
     pub listener_healthy: bool,
+    /// Where the hub's LISTEN connection stands.
+    pub listener_state: listener::ListenerState,
     pub reconnects: u64,
     /// Reconnects where the given-up connection handed its backlog over (nothing lost).
     pub handovers: u64,
@@ -135,6 +137,7 @@ impl HubStats {
         put("channels", self.channels.into());
         put("raw_channels", self.raw_channels.into());
         put("listener_healthy", self.listener_healthy.into());
+        put("listener_state", self.listener_state.as_str().into());
         put("reconnects", self.reconnects.into());
         put("handovers", self.handovers.into());
         put("abandoned_connections", self.abandoned_connections.into());
@@ -163,7 +166,7 @@ impl HubStats {
 
 /// What the hub's tasks share with each other and with `MasterHub::stats`
 /// (read from any thread): counters, the health flag, the backpressure policy.
-pub(crate) struct Shared {
+pub(crate) struct HubShared {
     log: LogSink,
     backpressure: Backpressure,
     healthy: AtomicBool,
@@ -186,7 +189,7 @@ pub(crate) struct Shared {
     started: Instant,
 }
 
-impl Shared {
+impl HubShared {
     fn new(config: &HubConfig) -> Self {
         let log = config.listener.log.clone();
         Self {
@@ -223,6 +226,7 @@ impl Shared {
             channels: self.channels.load(Ordering::Relaxed),
             raw_channels: self.raw_channels.load(Ordering::Relaxed),
             listener_healthy: self.healthy.load(Ordering::Relaxed),
+            listener_state: listener.map_or(Default::default(), ListenerStats::state),
             reconnects: listener.map_or(0, ListenerStats::reconnects),
             handovers: listener.map_or(0, ListenerStats::handovers),
             abandoned_connections: listener.map_or(0, ListenerStats::abandoned_connections),
@@ -248,7 +252,7 @@ impl Shared {
 pub struct MasterHub {
     owner: Owner,
     socket_path: PathBuf,
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     running: Option<Running>,
 }
 
@@ -284,7 +288,7 @@ impl MasterHub {
                 return Err(e);
             }
         };
-        let shared = Arc::new(Shared::new(&config));
+        let shared = Arc::new(HubShared::new(&config));
         let (trigger, shutdown) = shutdown();
         let thread_shared = shared.clone();
         let spawned = OwnedThread::spawn(
@@ -381,7 +385,7 @@ impl Drop for MasterHub {
 
 /// The hub thread's whole life: the accept loop beside the router, until `shutdown`.
 async fn run(
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     config: HubConfig,
     std_listener: std::os::unix::net::UnixListener,
     shutdown: Shutdown,

@@ -9,8 +9,8 @@ use super::command::{Command, Commands};
 use super::pending::{PendingSubs, Sub};
 use super::registry::Registry;
 use super::supervisor::{EngineSupervisor, FromEngine};
-use super::worker::{Worker, WorkerId};
-use super::{HubConfig, Shared};
+use super::worker::{WorkerConnection, WorkerId};
+use super::{HubConfig, HubShared};
 use crate::listener::{Event, ListenError};
 use crate::protocol::{Frame, Message, Wake};
 use crate::shutdown::Shutdown;
@@ -39,10 +39,10 @@ struct Caps {
 }
 
 pub struct Router {
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     registry: Registry,
     /// Every accepted connection of our uid, monitors included.
-    workers: HashMap<WorkerId, Arc<Worker>>,
+    workers: HashMap<WorkerId, Arc<WorkerConnection>>,
     /// Connections that asked for stats without ever subscribing (`pgbus-hub
     /// status`): served like any peer, but not counted as workers.
     monitors: HashSet<WorkerId>,
@@ -62,7 +62,7 @@ pub struct Inputs {
 }
 
 impl Router {
-    pub fn new(shared: Arc<Shared>, config: &HubConfig) -> (Self, Inputs) {
+    pub fn new(shared: Arc<HubShared>, config: &HubConfig) -> (Self, Inputs) {
         let (commands, command_receiver) = mpsc::channel(COMMAND_QUEUE);
         let (engine, engine_receiver) =
             EngineSupervisor::new(config.listener.clone(), shared.clone());
@@ -185,7 +185,8 @@ impl Router {
     fn accept(&mut self, stream: tokio::net::UnixStream, peer_pid: Option<i32>) {
         let id = self.next_worker;
         self.next_worker += 1;
-        let worker = Worker::spawn(id, peer_pid, stream, self.shared.clone(), self.commands());
+        let worker =
+            WorkerConnection::spawn(id, peer_pid, stream, self.shared.clone(), self.commands());
         self.workers.insert(id, worker.clone());
         if let Some(healthy) = self.announced_health() {
             self.send(&worker, &Message::Status { healthy });
@@ -239,7 +240,7 @@ impl Router {
     /// Why a sub would pass a channel cap, if it would. A sub that adds no
     /// channel (already routed to this worker, or LISTENed for another) passes
     /// the host-wide cap; the per-connection cap counts this worker's queues.
-    fn over_cap(&self, worker: &Worker, queue: &str) -> Option<String> {
+    fn over_cap(&self, worker: &WorkerConnection, queue: &str) -> Option<String> {
         if self.registry.routes(worker.id, queue) {
             return None;
         }
@@ -294,7 +295,12 @@ impl Router {
 
     /// Acks only a LISTEN that ran. A refused name gets our `nack` extension
     /// (pgbus's client ignores it and times out, as it would with no answer).
-    fn finish_subscribe(&mut self, worker: &Worker, queue: &str, outcome: Result<(), ListenError>) {
+    fn finish_subscribe(
+        &mut self,
+        worker: &WorkerConnection,
+        queue: &str,
+        outcome: Result<(), ListenError>,
+    ) {
         let log = &self.shared.log;
         match outcome {
             Ok(()) => self.send(worker, &Message::Ack(queue.to_owned())),
@@ -336,7 +342,7 @@ impl Router {
     }
 
     /// A non-droppable control frame (ack, nack, status) to one worker.
-    fn send(&self, worker: &Worker, message: &Message) {
+    fn send(&self, worker: &WorkerConnection, message: &Message) {
         match message.encode() {
             Ok(frame) => {
                 worker.offer(&self.shared.backpressure, Frame::from(frame), false);
@@ -487,7 +493,7 @@ mod tests {
             max_channels_per_connection: 8,
             max_channels: 8,
         };
-        let (mut router, _inputs) = Router::new(Arc::new(Shared::new(&config)), &config);
+        let (mut router, _inputs) = Router::new(Arc::new(HubShared::new(&config)), &config);
         let mut peers = Vec::new();
         for _ in 0..3 {
             let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();

@@ -3,7 +3,7 @@
 //! checks every peer's uid and hands the router only our own.
 
 use super::command::{Command, Commands};
-use super::Shared;
+use super::HubShared;
 use crate::shutdown::Shutdown;
 use crate::sync::lock;
 use std::collections::HashSet;
@@ -108,7 +108,7 @@ pub fn sever(fd: std::os::fd::RawFd) {
 }
 
 pub(super) async fn accept_loop(
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     unix: tokio::net::UnixListener,
     commands: Commands,
     mut shutdown: Shutdown,
@@ -154,7 +154,7 @@ pub(super) async fn accept_loop(
 
 /// Counts every refused peer, logs each uid once (a hostile loop must not flood the log).
 fn refuse_peer(
-    shared: &Shared,
+    shared: &HubShared,
     refused_uids: &mut HashSet<u32>,
     stream: &tokio::net::UnixStream,
     peer_uid: std::io::Result<u32>,

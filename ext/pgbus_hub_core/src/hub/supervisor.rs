@@ -2,7 +2,7 @@
 //! (every routed channel LISTENed again) if it ever ends on its own — pgbus's
 //! Ruby hub never does, and the host goes deaf — and stopped with a grace.
 
-use super::Shared;
+use super::HubShared;
 use crate::listener::{self, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
 use crate::sync::lock;
 use std::sync::atomic::Ordering;
@@ -34,7 +34,7 @@ struct Engine {
 pub struct EngineSupervisor {
     engine: Option<Engine>,
     config: ListenerConfig,
-    shared: Arc<Shared>,
+    shared: Arc<HubShared>,
     from_engine: mpsc::UnboundedSender<FromEngine>,
 }
 
@@ -42,7 +42,7 @@ impl EngineSupervisor {
     /// Not started yet: see [`EngineSupervisor::start`].
     pub fn new(
         config: ListenerConfig,
-        shared: Arc<Shared>,
+        shared: Arc<HubShared>,
     ) -> (Self, mpsc::UnboundedReceiver<FromEngine>) {
         let (from_engine, received) = mpsc::unbounded_channel();
         let supervisor = Self {

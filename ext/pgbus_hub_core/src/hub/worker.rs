@@ -5,7 +5,7 @@
 use super::command::{Command, Commands};
 use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
-use super::Shared;
+use super::HubShared;
 use crate::log::LogSink;
 use crate::protocol::Frame;
 use crate::protocol::Message;
@@ -45,7 +45,7 @@ const FRAME_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
 /// request thread (a few dozen at most); far more is a flood and is cut off.
 pub const MAX_PENDING_SUBS: usize = 1024;
 
-pub struct Worker {
+pub struct WorkerConnection {
     pub id: WorkerId,
     /// The peer process (SO_PEERCRED), for log lines an operator can act on.
     peer_pid: Option<i32>,
@@ -57,7 +57,7 @@ pub struct Worker {
     refusal_logged: AtomicBool,
 }
 
-impl Worker {
+impl WorkerConnection {
     /// The peer process (SO_PEERCRED), if the kernel said.
     pub fn peer_pid(&self) -> Option<i32> {
         self.peer_pid
@@ -77,7 +77,7 @@ impl Worker {
         id: WorkerId,
         peer_pid: Option<i32>,
         stream: UnixStream,
-        shared: Arc<Shared>,
+        shared: Arc<HubShared>,
         commands: Commands,
     ) -> Arc<Self> {
         let worker = Arc::new(Self {
@@ -151,7 +151,11 @@ impl Worker {
     }
 }
 
-async fn write_loop(worker: Arc<Worker>, mut writer: FrameWriter, shared: Arc<Shared>) {
+async fn write_loop(
+    worker: Arc<WorkerConnection>,
+    mut writer: FrameWriter,
+    shared: Arc<HubShared>,
+) {
     let mut batch = Vec::with_capacity(FRAMES_PER_BATCH);
     let mut catch_up_poll = CATCH_UP_POLL_FIRST;
     loop {
@@ -188,7 +192,12 @@ async fn write_loop(worker: Arc<Worker>, mut writer: FrameWriter, shared: Arc<Sh
     worker.close();
 }
 
-async fn read_loop(worker: Arc<Worker>, mut reader: FrameReader, log: LogSink, commands: Commands) {
+async fn read_loop(
+    worker: Arc<WorkerConnection>,
+    mut reader: FrameReader,
+    log: LogSink,
+    commands: Commands,
+) {
     loop {
         let message = match reader.read_message().await {
             Ok(message) => message,
@@ -241,7 +250,7 @@ enum Next {
     Disconnect,
 }
 
-fn command_for(worker: &Arc<Worker>, log: &LogSink, message: Message) -> Next {
+fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) -> Next {
     match message {
         Message::Sub(queue) => {
             if worker.pending_subs.load(Ordering::Relaxed) >= MAX_PENDING_SUBS {

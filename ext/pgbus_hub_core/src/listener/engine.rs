@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Command, Event, ListenError, ListenerConfig, ListenerStats, Reply};
+use super::{Command, Event, ListenError, ListenerConfig, ListenerState, ListenerStats, Reply};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
@@ -108,6 +108,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         on_event: F,
     ) -> Self {
         stats.set_healthy(false);
+        stats.state.set(ListenerState::Connecting);
         stats.set_backend(None);
         stats.channels.store(0, Ordering::Relaxed);
         let health_check = config.health_check;
@@ -144,7 +145,26 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// reconnect (see [`super::respawn`]).
     pub(super) fn resumed(mut self) -> Self {
         self.ever_connected = true;
+        self.publish_state();
         self
+    }
+
+    /// Publishes where the connection stands (`stats.state()`), logging a change.
+    fn publish_state(&self) {
+        let state = ListenerState::of(self.healthy, self.ever_connected, self.handover.keeping());
+        self.publish(state);
+    }
+
+    /// Stopped is final: this engine's stats say so from then on.
+    fn publish(&self, state: ListenerState) {
+        if self.stats.state.get() == ListenerState::Stopped {
+            return;
+        }
+        if let Some(previous) = self.stats.state.set(state) {
+            self.config
+                .log
+                .debug(format!("pgbus-hub listener: {previous} -> {state}"));
+        }
     }
 
     pub(super) async fn run(mut self) {
@@ -182,6 +202,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 
     fn shutdown(&mut self) {
+        self.publish(ListenerState::Stopped);
         self.set_healthy(false);
         self.stats.set_backend(None);
         for (_, reply) in self.pending.drain(..) {
@@ -210,6 +231,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         if self.healthy != healthy {
             self.healthy = healthy;
             self.stats.set_healthy(healthy);
+            self.publish_state();
             (self.on_event)(Event::Healthy(healthy));
         }
     }
@@ -277,6 +299,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // Commands first: they come at a bounded rate (workers' subs),
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
+            self.publish_state(); // a handover may have ended
             let mut shutdown = self.shutdown.clone();
             let budget = self.handover.deadline();
             tokio::select! {

@@ -10,6 +10,7 @@
 
 mod engine;
 mod standalone;
+mod state;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +26,7 @@ use crate::shutdown::{shutdown, ShutdownTrigger};
 use crate::sync::lock;
 
 pub use standalone::StandaloneListener;
+pub use state::ListenerState;
 
 /// PostgreSQL's NAMEDATALEN - 1: a longer channel name is silently truncated,
 /// so two long queue names could share a channel. Refused instead.
@@ -140,7 +142,7 @@ pub enum ListenError {
     },
     /// The engine stopped (or ended) before the LISTEN ran.
     Stopped,
-    /// [`StandaloneListener::ensure_listening`] gave up waiting; the request
+    /// [`StandaloneListener::listen`] gave up waiting; the request
     /// stays queued and is LISTENed when the connection allows.
     Timeout,
     /// The queue was unlistened (its last subscriber withdrew) before its
@@ -325,12 +327,17 @@ pub struct ListenerStats {
     last_error: Mutex<Option<LastError>>,
     /// When the engine last became healthy; None while it is not.
     healthy_since: Mutex<Option<SystemTime>>,
+    state: state::PublishedState,
 }
 
 impl ListenerStats {
     /// Connected, primary, every channel LISTENed.
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire)
+    }
+    /// Where the connection stands (see [`ListenerState`]).
+    pub fn state(&self) -> ListenerState {
+        self.state.get()
     }
     /// Successful reconnects after a lost connection (the first connect is not one).
     pub fn reconnects(&self) -> u64 {

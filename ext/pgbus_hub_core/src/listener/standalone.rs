@@ -22,7 +22,7 @@ const FIRST_ATTEMPT_POLL: Duration = Duration::from_millis(20);
 const STOP_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `Send + Sync`: every method takes `&self`, so `stop` never waits for a
-/// concurrent `ensure_listening` to let go of the listener.
+/// concurrent `listen` to let go of the listener.
 pub struct StandaloneListener {
     owner: Owner,
     /// None only in a forked child's drop (leaked there, see Drop).
@@ -106,14 +106,14 @@ impl StandaloneListener {
 
     /// Blocks until `queue` is LISTENed on the live connection, or `timeout`
     /// (the request then stays queued). Call it without the Ruby GVL.
-    pub fn ensure_listening(&self, queue: &str, timeout: Duration) -> Result<(), ListenError> {
-        self.ensure_listening_or_cancel(queue, timeout, &crossbeam_channel::never())
+    pub fn listen(&self, queue: &str, timeout: Duration) -> Result<(), ListenError> {
+        self.listen_or_cancel(queue, timeout, &crossbeam_channel::never())
     }
 
-    /// [`StandaloneListener::ensure_listening`], giving up as soon as `cancel`
+    /// [`StandaloneListener::listen`], giving up as soon as `cancel`
     /// receives (an embedder's unblock function): [`ListenError::Timeout`],
     /// the request stays queued, as after a timeout.
-    pub fn ensure_listening_or_cancel(
+    pub fn listen_or_cancel(
         &self,
         queue: &str,
         timeout: Duration,
@@ -147,7 +147,7 @@ impl StandaloneListener {
     }
 
     /// Asynchronous UNLISTEN.
-    pub fn remove_listening(&self, queue: &str) {
+    pub fn unlisten(&self, queue: &str) {
         if let Some(handle) = self.handle() {
             handle.unlisten(queue);
         }

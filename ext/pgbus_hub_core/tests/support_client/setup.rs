@@ -103,7 +103,7 @@ fn connect_and_stop(hub: &StubHub, subscribe: bool, stop: bool) {
     let (client, reader) = HubClient::connect_driven(ClientConfig::new(hub.path())).unwrap();
     let pump = Pump::start(&Arc::new(reader));
     if subscribe {
-        client.ensure_listening("q").unwrap();
+        client.subscribe("q").unwrap();
     }
     if stop {
         client.stop();

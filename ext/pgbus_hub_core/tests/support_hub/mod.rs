@@ -47,7 +47,7 @@ impl Default for Behaviour {
 }
 
 #[derive(Default)]
-struct Shared {
+struct StubHubRecord {
     /// Live connections (write side), by id; removed when the peer hangs up.
     conns: HashMap<u64, Arc<Mutex<UnixStream>>>,
     /// Every frame read from any connection, in order.
@@ -60,7 +60,7 @@ struct Shared {
 pub struct StubHub {
     dir: PathBuf,
     path: PathBuf,
-    shared: Arc<(Mutex<Shared>, Condvar)>,
+    shared: Arc<(Mutex<StubHubRecord>, Condvar)>,
     behaviour: Arc<Mutex<Behaviour>>,
     acceptor: Option<thread::JoinHandle<()>>,
 }
@@ -83,7 +83,7 @@ impl StubHub {
         let dir = temp_dir();
         let path = dir.join("hub.sock");
         let listener = UnixListener::bind(&path).expect("bind stub hub");
-        let shared: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
+        let shared: Arc<(Mutex<StubHubRecord>, Condvar)> = Arc::default();
         let behaviour = Arc::new(Mutex::new(behaviour));
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -128,7 +128,7 @@ impl StubHub {
     }
 
     /// Waits until `test` holds for the shared state (or panics after 5 s).
-    fn wait_until(&self, what: &str, test: impl Fn(&Shared) -> bool) {
+    fn wait_until(&self, what: &str, test: impl Fn(&StubHubRecord) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         let (lock, condvar) = &*self.shared;
         let mut state = lock.lock().unwrap();
@@ -219,7 +219,7 @@ fn serve(
     id: u64,
     mut stream: UnixStream,
     writer: Arc<Mutex<UnixStream>>,
-    shared: Arc<(Mutex<Shared>, Condvar)>,
+    shared: Arc<(Mutex<StubHubRecord>, Condvar)>,
     behaviour: Arc<Mutex<Behaviour>>,
 ) {
     let write = |message: Message| {
