@@ -2,13 +2,15 @@
 
 # The soak's short form (docs/operations.md, "Soak: a fault a minute"): the
 # Rails 7.2 app of spec/support/soak on a private cluster, 16 WebSocket + 16
-# streaming HTTP clients, four faults 30 s apart (terminate the LISTEN backend,
-# kill -9 a worker, SIGSTOP a worker for 15 s, USR2 to the master), pgbus_hub
-# only. Opt-in (about 2.5 minutes, Rails 7.2: the trixie chroot): PGBUS_HUB_SOAK=1,
-# or `rake soak SHORT=1`. PGBUS_SOAK_* variables override its settings.
+# streaming HTTP clients, five faults 30 s apart (terminate the LISTEN backend,
+# kill -9 a worker, SIGSTOP a worker for 15 s, USR2 to the master, the database
+# path black-holed for 10 s: the hub's given-up connection hands its backlog
+# over, nothing lost), pgbus_hub only. Opt-in (about 3 minutes, Rails 7.2: the
+# trixie chroot): PGBUS_HUB_SOAK=1, or `rake soak SHORT=1`. PGBUS_SOAK_*
+# variables override its settings.
 RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
-  SHORT_FORM = { "PGBUS_SOAK_FAULTS" => "terminate_listen,kill9,sigstop,usr2", "PGBUS_SOAK_INTERVAL" => "30",
-                 "PGBUS_SOAK_MINUTES" => "2", "PGBUS_SOAK_CONTROL" => "0" }.freeze
+  SHORT_FORM = { "PGBUS_SOAK_FAULTS" => "terminate_listen,kill9,sigstop,usr2,blackhole",
+                 "PGBUS_SOAK_INTERVAL" => "30", "PGBUS_SOAK_MINUTES" => "2.5", "PGBUS_SOAK_CONTROL" => "0" }.freeze
 
   before do
     skip "opt-in: PGBUS_HUB_SOAK=1 or rake soak SHORT=1" unless ENV["PGBUS_HUB_SOAK"] == "1"
@@ -23,7 +25,9 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
     data[:windows].each do |window|
       hub = window[:apps].fetch("pgbus_hub")
       expect(hub[:census][:settle_s]).not_to be_nil, "census not back to 1 after #{window[:fault]}: #{hub[:census]}"
-      expect(hub[:census][:peak]).to eq(1)
+      # After a black hole the old backend lives until it has read up to the
+      # handover marker the new one committed: two for a moment.
+      expect(hub[:census][:peak]).to be <= (window[:fault] == "blackhole" ? 2 : 1)
       lost = hub[:lost_connected].values.sum
       if window[:fault] == "terminate_listen"
         # A NOTIFY committed in the reconnect's gap (~10 ms) reaches nobody: only those may be lost.

@@ -11,7 +11,7 @@ PGBUS_HUB_EXE = File.expand_path("../../exe/pgbus-hub", __dir__)
 # the standalone apps' channels: no prefix or suffix; pgbus's with pgbus: true),
 # logging to a file.
 class ServeProcess
-  attr_reader :socket, :log_path, :out_path
+  attr_reader :pid, :socket, :log_path, :out_path
 
   # tmpdir: its TMPDIR, where the default socket path is (then no --socket);
   # socket: a path of the caller's (a restarted sidecar serves the same one).

@@ -23,7 +23,7 @@ module Soak
 
   # Settings, from PGBUS_SOAK_* (rake soak maps MINUTES and SOAK_* onto them:
   # only PGBUS_* variables pass into the chroot).
-  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, keyword_init: true) do
+  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, :logs, keyword_init: true) do
     def self.from_env(env = ENV)
       faults = env.fetch("PGBUS_SOAK_FAULTS", "").split(",").map(&:strip).reject(&:empty?)
       faults = FAULTS if faults.empty?
@@ -33,7 +33,7 @@ module Soak
       new(minutes: Float(env.fetch("PGBUS_SOAK_MINUTES", "15")), interval: Float(env.fetch("PGBUS_SOAK_INTERVAL", "60")),
           faults: faults, rate: Float(env.fetch("PGBUS_SOAK_RATE", "20")),
           clients: Integer(env.fetch("PGBUS_SOAK_CLIENTS", "16")), control: env.fetch("PGBUS_SOAK_CONTROL", "1") != "0",
-          report: env["PGBUS_SOAK_REPORT"])
+          report: env["PGBUS_SOAK_REPORT"], logs: env["PGBUS_SOAK_LOGS"])
     end
 
     def fault_count = [(minutes * 60 / interval).floor, 1].max
@@ -271,6 +271,16 @@ module Soak
       conn&.close rescue nil # rubocop:disable Style/RescueModifier
     end
 
+    # PGBUS_SOAK_LOGS=DIR: each app's Puma log (master, hub, workers) kept as DIR/puma-<adapter>.log.
+    def keep_log(app)
+      return unless @settings.logs
+
+      FileUtils.mkdir_p(@settings.logs)
+      File.write(File.join(@settings.logs, "puma-#{app.adapter}.log"), app.puma.final_log)
+    rescue SystemCallError => e
+      log "could not keep the #{app.adapter} Puma log in #{@settings.logs}: #{e.message}"
+    end
+
     def cleanup
       continue_stopped
       @stop_monitor = true
@@ -279,6 +289,7 @@ module Soak
       (@apps || []).each do |app|
         app.clients.each(&:stop)
         app.puma.stop if app.puma.pid
+        keep_log(app)
         app.puma.cleanup
         app.proxy.close
       end

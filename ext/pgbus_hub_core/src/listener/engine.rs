@@ -322,6 +322,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 // backlog is older (and what the new one reads meanwhile is
                 // held for it), so a busy new connection must not starve it.
                 () = handover::expiry(budget) => {
+                    if self.handover.renewed_if_late(Instant::now()) {
+                        self.config.log.info(
+                            "pgbus-hub listener: the handover's budget passed while this process did not \
+                             run — the given-up connection gets its budget again",
+                        );
+                        continue;
+                    }
                     let why = "no handover marker within its budget";
                     if let Some(exit) = self.abandon(Some(session), why).await {
                         return exit;

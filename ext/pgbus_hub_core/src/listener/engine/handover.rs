@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Engine, Exit, CLOSE_GRACE};
+use super::{Engine, Exit, CLOSE_GRACE, LATE_DEADLINE};
 use crate::conninfo::{quote_ident, Connected, ServerMessage};
 use crate::listener::Event;
 
@@ -219,6 +219,23 @@ impl Handover {
         self.kept.as_ref().and_then(|kept| kept.deadline)
     }
 
+    /// The budget is spent: true if that was noticed only [`LATE_DEADLINE`]
+    /// after it passed, and then the budget starts again. This process did
+    /// not run meanwhile (SIGSTOP, a paused VM), so the kept connection was
+    /// not read: its marker may be in its socket unread, and the select
+    /// looks at the budget before the kept connection.
+    pub(super) fn renewed_if_late(&mut self, now: Instant) -> bool {
+        let budget = self.budget;
+        let Some(deadline) = self.kept.as_mut().and_then(|kept| kept.deadline.as_mut()) else {
+            return false;
+        };
+        let late = noticed_late(*deadline, now);
+        if late {
+            *deadline = now + budget;
+        }
+        late
+    }
+
     fn take_held(&mut self) -> VecDeque<(String, String)> {
         self.held_bytes = 0;
         std::mem::take(&mut self.held)
@@ -237,6 +254,11 @@ impl Handover {
     fn lend_back(&mut self, kept: Kept) {
         self.kept = Some(kept);
     }
+}
+
+/// A deadline noticed this long after it passed was not watched.
+fn noticed_late(deadline: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(deadline) > LATE_DEADLINE
 }
 
 /// Resolves at `deadline`; never without one.
@@ -399,6 +421,20 @@ mod tests {
         assert_eq!(handover.budget, Duration::from_secs(10));
         // Two engines of one process: two channels.
         assert_ne!(handover.channel, Handover::new(Duration::ZERO).channel);
+    }
+
+    #[test]
+    fn a_budget_noticed_well_after_it_passed_was_not_watched() {
+        let deadline = Instant::now();
+        assert!(!noticed_late(deadline, deadline));
+        assert!(!noticed_late(deadline, deadline + LATE_DEADLINE));
+        assert!(noticed_late(
+            deadline,
+            deadline + LATE_DEADLINE + Duration::from_millis(1)
+        ));
+        // Nothing kept: nothing to renew.
+        let mut handover = Handover::new(Duration::from_millis(250));
+        assert!(!handover.renewed_if_late(deadline + Duration::from_secs(15)));
     }
 
     #[test]
