@@ -186,7 +186,9 @@ fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Resul
         Port if value.is_nil() => Ok(value),
         Port => match magnus::Integer::from_value(value).map(|n| n.to_u16()) {
             Some(Ok(_)) => Ok(value),
-            _ => Err(refused("a port (an Integer, 0 to 65535; 0: any free one) or nil")),
+            _ => Err(refused(
+                "a port (an Integer, 0 to 65535; 0: any free one) or nil",
+            )),
         },
         RequiredText | Text if RString::from_value(value).is_some() => Ok(value),
         RequiredText | Text => Err(Error::new(
@@ -443,9 +445,11 @@ impl MasterHubOptions {
             hard_queue_limit: get(ruby, resolved, "hard_queue_limit")?,
             max_channels_per_connection: get(ruby, resolved, "max_channels_per_connection")?,
             max_channels: get(ruby, resolved, "max_channels")?,
-            metrics: get::<Option<u16>>(ruby, resolved, "metrics_port")?.map(|port| {
-                get(ruby, resolved, "metrics_bind").map(|bind| MetricsConfig { bind, port })
-            }).transpose()?,
+            metrics: get::<Option<u16>>(ruby, resolved, "metrics_port")?
+                .map(|port| {
+                    get(ruby, resolved, "metrics_bind").map(|bind| MetricsConfig { bind, port })
+                })
+                .transpose()?,
         })
     }
 

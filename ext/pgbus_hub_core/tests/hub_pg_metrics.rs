@@ -50,7 +50,11 @@ fn get_metrics_serves_the_stats_families_with_their_values() {
     let Some(fx) = Fixture::new() else { return };
     let hub = MasterHub::start(with_metrics(fx.config("metrics"), 0)).unwrap();
     let address = hub.stats().metrics_address.expect("the endpoint listens");
-    assert_eq!(hub.stats().threads, 2, "the hub's thread and the endpoint's");
+    assert_eq!(
+        hub.stats().threads,
+        2,
+        "the hub's thread and the endpoint's"
+    );
     let mut peers = [Peer::connect(&hub), Peer::connect(&hub)];
     for (i, peer) in peers.iter_mut().enumerate() {
         peer.subscribe(&format!("metrics_{i}"));
@@ -127,7 +131,9 @@ fn a_port_that_cannot_be_bound_is_logged_and_the_hub_serves_its_workers() {
         .find(|r| r.level == Level::Error)
         .expect("an error logged");
     assert!(
-        error.message.contains(&format!("cannot listen on 127.0.0.1:{port}"))
+        error
+            .message
+            .contains(&format!("cannot listen on 127.0.0.1:{port}"))
             && error.message.contains("serves its workers without it"),
         "{}",
         error.message
@@ -148,5 +154,8 @@ fn stop_ends_the_endpoint() {
     let address = hub.stats().metrics_address.unwrap();
     hub.stop();
     assert_eq!(hub.stats().threads, 0);
-    assert!(TcpStream::connect(address).is_err(), "nothing listens at {address}");
+    assert!(
+        TcpStream::connect(address).is_err(),
+        "nothing listens at {address}"
+    );
 }

@@ -125,7 +125,11 @@ impl Outbox {
 
     /// Moves into `read_at` when the subs were read whose acks `take` has taken.
     pub fn take_acks(&mut self, read_at: &mut Vec<Instant>) {
-        while self.acks.front().is_some_and(|&(position, _)| position < self.taken) {
+        while self
+            .acks
+            .front()
+            .is_some_and(|&(position, _)| position < self.taken)
+        {
             read_at.extend(self.acks.pop_front().map(|(_, at)| at));
         }
     }

@@ -352,7 +352,9 @@ impl Router {
     /// `sub`'s ack, timed: its sub->ack time is observed once it is written.
     fn send_ack(&self, worker: &WorkerConnection, sub: &Sub) {
         match Message::Ack(sub.queue.clone()).encode() {
-            Ok(frame) => worker.offer_ack(&self.shared.backpressure, Frame::from(frame), sub.read_at),
+            Ok(frame) => {
+                worker.offer_ack(&self.shared.backpressure, Frame::from(frame), sub.read_at)
+            }
             Err(e) => self
                 .shared
                 .log
