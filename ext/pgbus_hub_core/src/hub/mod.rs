@@ -3,7 +3,8 @@
 //!
 //! Everything runs on one native thread: a current-thread tokio runtime with
 //! the LISTEN engine, the router, the accept loop and two small tasks per
-//! worker. The thread count does not grow with workers.
+//! worker. The thread count does not grow with workers. (A configured
+//! metrics endpoint runs on a second thread, so a scrape never waits on this one.)
 //!
 //! - [`router`]: owns the routing table, the workers and the engine; answers
 //!   subs, routes wakes, broadcasts health. Workers talk to it by command.
