@@ -45,6 +45,11 @@ pub const SUBSCRIBE_ACK_BUCKETS: [f64; 17] = [
 /// A scraper that opens a connection must send its request head within this time.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Scrape connections served at once; past it a new one is closed at once.
+/// Prometheus keeps one per target: the cap only bounds the file descriptors
+/// a flood of connections could take from the process the hub serves workers in.
+const MAX_CONNECTIONS: usize = 16;
+
 /// After a failed accept (EMFILE...), wait this long before the next one
 /// instead of spinning.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -342,6 +347,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<HubShared>, mut stop
         Ok(listener) => listener,
         Err(e) => return log.error(format!("metrics endpoint cannot serve its socket: {e}")),
     };
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = tokio::select! {
             () = stop.wait() => break,
@@ -354,8 +360,12 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<HubShared>, mut stop
                 }
             },
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            continue; // dropped: closed at once
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = hyper::service::service_fn(move |request| {
                 let response = respond(&shared, &request);
                 async move { Ok::<_, Infallible>(response) }
