@@ -124,7 +124,9 @@ impl WorkerConnection {
     }
 
     /// Queues the ack of a sub read at `read_at`: its sub->ack time is
-    /// observed once the writer has written it.
+    /// observed once the writer has written it. The router and the writer
+    /// share the hub's one thread and nothing awaits between the two locks,
+    /// so the ack is marked before the writer can take it.
     pub fn offer_ack(&self, backpressure: &Backpressure, frame: Frame, read_at: Instant) {
         if self.offer(backpressure, frame, false) == Enqueued::Queued {
             self.outbox().ack_queued(read_at);
