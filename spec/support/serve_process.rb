@@ -15,7 +15,8 @@ class ServeProcess
 
   # tmpdir: its TMPDIR, where the default socket path is (then no --socket);
   # socket: a path of the caller's (a restarted sidecar serves the same one).
-  def initialize(url, tmpdir: nil, socket: nil, pgbus: false)
+  # args: more of serve's options (--metrics-port...).
+  def initialize(url, tmpdir: nil, socket: nil, pgbus: false, args: [])
     @dir = Dir.mktmpdir("pgbus-serve")
     @socket = socket || (tmpdir ? File.join(tmpdir, Pgbus::Hub.socket_name("serve")) : File.join(@dir, "hub.sock"))
     @log_path = File.join(@dir, "serve.log")
@@ -30,7 +31,7 @@ class ServeProcess
     env = { "RUBYLIB" => File.expand_path("../../lib", __dir__), "TMPDIR" => tmpdir, "PGBUS_STREAMS_HUB_SOCKET" => nil }
     socket_flag = tmpdir && !socket ? [] : ["--socket", @socket]
     @pid = ::Process.spawn(env, RbConfig.ruby, PGBUS_HUB_EXE, "serve", *socket_flag,
-                           "--config", config, "--log", @log_path, out: @out_path, err: %i[child out])
+                           "--config", config, "--log", @log_path, *args, out: @out_path, err: %i[child out])
     wait_for("serve to listen", timeout: 30) { output.include?("export ") }
   end
 

@@ -61,6 +61,11 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
         hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
     )?;
     defaults.aset(ruby.to_symbol("max_channels"), hub::DEFAULT_MAX_CHANNELS)?;
+    // No port: no metrics endpoint unless asked for (docs/monitoring.md).
+    defaults.aset(ruby.to_symbol("metrics_port"), ruby.qnil())?;
+    let bind = ruby.str_new(hub::metrics::DEFAULT_METRICS_BIND);
+    bind.freeze();
+    defaults.aset(ruby.to_symbol("metrics_bind"), bind)?;
     defaults.aset(
         ruby.to_symbol("status_interval"),
         hub::DEFAULT_STATUS_INTERVAL.as_secs_f64(),

@@ -152,7 +152,16 @@ impl NativeObject for RbMasterHub {
     }
 }
 
+/// `Pgbus::Hub.prometheus_text(stats)`: a hub's stats Hash (`Pgbus::Hub.stats`,
+/// `MasterHub#stats`; with `census:` when counted) as Prometheus text, the
+/// families `GET /metrics` serves (`pgbus-hub status --prometheus`).
+fn prometheus_text(ruby: &Ruby, stats: RHash) -> Result<String, Error> {
+    let stats = crate::json::hash_to_object(ruby, stats)?;
+    pgbus_hub_core::hub::metrics::render(&stats).map_err(|e| hub_error(ruby, e))
+}
+
 pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
+    hub.define_module_function("prometheus_text", magnus::function!(prometheus_text, 1))?;
     let class = hub.define_class("MasterHub", ruby.class_object())?;
     class.define_alloc_func::<RbMasterHub>();
     class.define_method("initialize", method!(RbMasterHub::initialize, -1))?;

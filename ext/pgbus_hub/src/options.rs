@@ -10,6 +10,7 @@ use magnus::gc::Marker;
 use magnus::value::Opaque;
 use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
 use pgbus_hub_core::conninfo::ConnectionOptions;
+use pgbus_hub_core::hub::metrics::MetricsConfig;
 use pgbus_hub_core::hub::HubConfig;
 use pgbus_hub_core::listener::ListenerConfig;
 use pgbus_hub_core::log::LogSink;
@@ -82,9 +83,11 @@ enum Kind {
     Seconds,
     /// String.
     Text,
+    /// A TCP port (0: any free one), or nil for none.
+    Port,
 }
 
-use Kind::{Count, Object, Queue, Required, RequiredText, Seconds, Text};
+use Kind::{Count, Object, Port, Queue, Required, RequiredText, Seconds, Text};
 
 const MASTER_HUB: &[(&str, Kind)] = &[
     ("connection", Required),
@@ -99,6 +102,8 @@ const MASTER_HUB: &[(&str, Kind)] = &[
     ("max_channels", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),
+    ("metrics_port", Port),
+    ("metrics_bind", Text),
 ];
 
 const LISTENER: &[(&str, Kind)] = &[
@@ -177,6 +182,13 @@ fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Resul
             }) {
             Some(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(ruby.into_value(seconds)),
             _ => Err(refused("a positive number")),
+        },
+        Port if value.is_nil() => Ok(value),
+        Port => match magnus::Integer::from_value(value).map(|n| n.to_u16()) {
+            Some(Ok(_)) => Ok(value),
+            _ => Err(refused(
+                "a port (an Integer, 0 to 65535; 0: any free one) or nil",
+            )),
         },
         RequiredText | Text if RString::from_value(value).is_some() => Ok(value),
         RequiredText | Text => Err(Error::new(
@@ -418,6 +430,8 @@ pub struct MasterHubOptions {
     hard_queue_limit: usize,
     max_channels_per_connection: usize,
     max_channels: usize,
+    /// `metrics_port:` / `metrics_bind:` (no port: no endpoint).
+    metrics: Option<MetricsConfig>,
 }
 
 impl MasterHubOptions {
@@ -431,6 +445,11 @@ impl MasterHubOptions {
             hard_queue_limit: get(ruby, resolved, "hard_queue_limit")?,
             max_channels_per_connection: get(ruby, resolved, "max_channels_per_connection")?,
             max_channels: get(ruby, resolved, "max_channels")?,
+            metrics: get::<Option<u16>>(ruby, resolved, "metrics_port")?
+                .map(|port| {
+                    get(ruby, resolved, "metrics_bind").map(|bind| MetricsConfig { bind, port })
+                })
+                .transpose()?,
         })
     }
 
@@ -443,6 +462,7 @@ impl MasterHubOptions {
             hard_queue_limit: self.hard_queue_limit,
             max_channels_per_connection: self.max_channels_per_connection,
             max_channels: self.max_channels,
+            metrics: self.metrics.clone(),
         }
     }
 }

@@ -39,6 +39,7 @@ fn main() {
         hard_queue_limit: DEFAULT_HARD_QUEUE_LIMIT,
         max_channels_per_connection: DEFAULT_MAX_CHANNELS_PER_CONNECTION,
         max_channels: DEFAULT_MAX_CHANNELS,
+        metrics: None,
     };
     let mut hub = MasterHub::start(config).unwrap_or_else(|e| {
         eprintln!("pgbus-hub-master: {e}");

@@ -58,6 +58,7 @@ impl Fixture {
             hard_queue_limit: 1024,
             max_channels_per_connection: hub::DEFAULT_MAX_CHANNELS_PER_CONNECTION,
             max_channels: hub::DEFAULT_MAX_CHANNELS,
+            metrics: None,
         }
     }
 

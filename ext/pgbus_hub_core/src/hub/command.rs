@@ -14,6 +14,8 @@ pub enum Command {
     Sub {
         worker: WorkerId,
         queue: String,
+        /// When its frame was read (the sub->ack histogram starts here).
+        read_at: std::time::Instant,
     },
     Unsub {
         worker: WorkerId,

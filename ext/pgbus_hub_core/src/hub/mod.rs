@@ -3,7 +3,8 @@
 //!
 //! Everything runs on one native thread: a current-thread tokio runtime with
 //! the LISTEN engine, the router, the accept loop and two small tasks per
-//! worker. The thread count does not grow with workers.
+//! worker. The thread count does not grow with workers. (A configured
+//! metrics endpoint runs on a second thread, so a scrape never waits on this one.)
 //!
 //! - [`router`]: owns the routing table, the workers and the engine; answers
 //!   subs, routes wakes, broadcasts health. Workers talk to it by command.
@@ -14,8 +15,10 @@
 //! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
 //! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
 //! - [`stale`]: sockets other hubs left beside ours when killed (removed at start).
+//! - [`metrics`]: the stats as Prometheus metrics, and `GET /metrics` (a thread of its own).
 
 mod command;
+pub mod metrics;
 mod outbox;
 mod pending;
 mod registry;
@@ -31,12 +34,13 @@ use crate::owned_thread::{OwnedThread, Stopped};
 use crate::process::Owner;
 use crate::shutdown::{shutdown, Shutdown};
 use crate::sync::lock;
+use metrics::{AckHistogram, AckTimes, MetricsConfig};
 use outbox::Backpressure;
 use router::Router;
 use server::SocketFile;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use outbox::{DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT};
@@ -58,6 +62,9 @@ pub const DEFAULT_MAX_CHANNELS_PER_CONNECTION: usize = 10_000;
 /// workers' full share, still a list PostgreSQL scans in well under a millisecond.
 pub const DEFAULT_MAX_CHANNELS: usize = 50_000;
 
+/// How long `stop` waits for the metrics endpoint's thread (told at once, it ends at its next poll).
+const METRICS_STOP: Duration = Duration::from_secs(2);
+
 /// The environment variable that names the hub's socket to the workers (pgbus's).
 pub const SOCKET_ENV: &str = "PGBUS_STREAMS_HUB_SOCKET";
 
@@ -77,6 +84,8 @@ pub struct HubConfig {
     /// Past these a sub that would add a channel is refused with a `nack`.
     pub max_channels_per_connection: usize,
     pub max_channels: usize,
+    /// Where to serve `GET /metrics` (None: no endpoint).
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// A point-in-time copy of the hub's counters.
@@ -106,7 +115,10 @@ pub struct HubStats {
     /// Subs refused because they would pass a channel cap.
     pub refused_subs: u64,
     pub listener_restarts: u64,
-    /// Native threads the hub runs: 1 while running, 0 after stop, whatever the worker count.
+    /// Sub->ack times (from a sub frame read to its ack written).
+    pub subscribe_ack: AckTimes,
+    /// Native threads the hub runs: 1 while running (2 with a metrics
+    /// endpoint), 0 after stop, whatever the worker count.
     pub threads: usize,
     pub last_error: Option<String>,
     /// When `last_error` happened; an error older than `healthy_since` was resolved.
@@ -115,6 +127,8 @@ pub struct HubStats {
     pub healthy_since: Option<SystemTime>,
     /// The LISTEN connection's server session (pid, database, client address).
     pub backend: Option<listener::Backend>,
+    /// Where `GET /metrics` is served (None: not configured, or it could not bind).
+    pub metrics_address: Option<std::net::SocketAddr>,
     pub uptime: Duration,
 }
 
@@ -148,6 +162,7 @@ impl HubStats {
         put("rejected_peers", self.rejected_peers.into());
         put("refused_subs", self.refused_subs.into());
         put("listener_restarts", self.listener_restarts.into());
+        put("subscribe_ack_seconds", self.subscribe_ack.to_json());
         put("threads", self.threads.into());
         put("last_error", self.last_error.clone().into());
         put("last_error_at", unix_seconds(self.last_error_at));
@@ -157,6 +172,10 @@ impl HubStats {
         put(
             "client_addr",
             backend.and_then(|b| b.client_addr.clone()).into(),
+        );
+        put(
+            "metrics_address",
+            self.metrics_address.map(|a| a.to_string()).into(),
         );
         put("uptime", self.uptime.as_secs_f64().into());
         put("pid", std::process::id().into());
@@ -181,6 +200,9 @@ pub(crate) struct HubShared {
     /// Subs refused by the channel caps.
     refused_subs: AtomicU64,
     listener_restarts: AtomicU64,
+    subscribe_ack: AckHistogram,
+    /// Set once the metrics endpoint listens.
+    metrics_address: OnceLock<std::net::SocketAddr>,
     /// The current engine's stats (replaced when the engine is restarted).
     listener: Mutex<Option<Arc<ListenerStats>>>,
     /// Test builds: ends the LISTEN engine task as a crash would.
@@ -209,6 +231,8 @@ impl HubShared {
             rejected_peers: AtomicU64::new(0),
             refused_subs: AtomicU64::new(0),
             listener_restarts: AtomicU64::new(0),
+            subscribe_ack: AckHistogram::new(),
+            metrics_address: OnceLock::new(),
             listener: Mutex::new(None),
             #[cfg(feature = "fault-injection")]
             end_engine: tokio::sync::Notify::new(),
@@ -237,11 +261,13 @@ impl HubShared {
             rejected_peers: self.rejected_peers.load(Ordering::Relaxed),
             refused_subs: self.refused_subs.load(Ordering::Relaxed),
             listener_restarts: self.listener_restarts.load(Ordering::Relaxed),
+            subscribe_ack: self.subscribe_ack.snapshot(),
             threads,
             last_error: listener.and_then(ListenerStats::last_error),
             last_error_at: listener.and_then(ListenerStats::last_error_at),
             healthy_since: listener.and_then(ListenerStats::healthy_since),
             backend: listener.and_then(ListenerStats::backend),
+            metrics_address: self.metrics_address.get().copied(),
             uptime: self.started.elapsed(),
         }
     }
@@ -259,6 +285,8 @@ pub struct MasterHub {
 struct Running {
     thread: OwnedThread,
     socket: SocketFile,
+    /// The `GET /metrics` endpoint's thread, when configured and bound.
+    metrics: Option<OwnedThread>,
 }
 
 impl MasterHub {
@@ -289,6 +317,7 @@ impl MasterHub {
             }
         };
         let shared = Arc::new(HubShared::new(&config));
+        let metrics_config = config.metrics.clone();
         let (trigger, shutdown) = shutdown();
         let thread_shared = shared.clone();
         let spawned = OwnedThread::spawn(
@@ -304,11 +333,16 @@ impl MasterHub {
             }
         };
         log.info(format!("master hub listening at {}", socket_path.display()));
+        let metrics = metrics_config.and_then(|config| start_metrics(&config, &shared));
         Ok(Self {
             owner: Owner::current(),
             socket_path,
             shared,
-            running: Some(Running { thread, socket }),
+            running: Some(Running {
+                thread,
+                socket,
+                metrics,
+            }),
         })
     }
 
@@ -321,6 +355,17 @@ impl MasterHub {
         self.owner.is_current() && self.running.as_ref().is_some_and(|r| r.thread.is_running())
     }
 
+    /// The hub's thread and the metrics endpoint's, those running.
+    fn threads(&self) -> usize {
+        if !self.owner.is_current() {
+            return 0;
+        }
+        self.running.as_ref().map_or(0, |r| {
+            usize::from(r.thread.is_running())
+                + usize::from(r.metrics.as_ref().is_some_and(OwnedThread::is_running))
+        })
+    }
+
     /// Fault injection (feature `fault-injection`, test builds only): aborts
     /// the LISTEN engine's task, as a panic in it would end it.
     #[cfg(feature = "fault-injection")]
@@ -329,7 +374,7 @@ impl MasterHub {
     }
 
     pub fn stats(&self) -> HubStats {
-        self.shared.stats(usize::from(self.is_running()))
+        self.shared.stats(self.threads())
     }
 
     /// Idempotent. Closes every worker, UNLISTENs, closes PostgreSQL, joins the
@@ -347,13 +392,26 @@ impl MasterHub {
         if !self.owner.is_current() {
             return;
         }
-        let Some(Running { thread, socket }) = self.running.take() else {
+        let Some(Running {
+            thread,
+            socket,
+            metrics,
+        }) = self.running.take()
+        else {
             return;
         };
+        let mut metrics = metrics;
+        if let Some(metrics) = &mut metrics {
+            metrics.signal(); // it ends while the hub's thread does
+        }
         if thread.stop_or_cancel(cancel, None) == Stopped::Cancelled {
             self.shared
                 .log
                 .info("master hub stop interrupted: its thread finishes stopping on its own");
+        }
+        if let Some(metrics) = metrics {
+            // Told already: it ends at its next poll; a scrape is not worth holding the stop for.
+            metrics.stop_or_cancel(cancel, Some(METRICS_STOP));
         }
         // Either way: no worker connects to a stopping hub.
         socket.unlink_if_ours(&self.socket_path);
@@ -372,13 +430,41 @@ impl Drop for MasterHub {
             // A forked child: the socket file is the parent's; OwnedThread is inert here.
             return;
         }
-        if let Some(Running { thread, socket }) = self.running.take() {
+        if let Some(Running {
+            thread,
+            socket,
+            metrics,
+        }) = self.running.take()
+        {
+            drop(metrics);
             drop(thread);
             socket.unlink_if_ours(&self.socket_path);
             self.shared.log.info(format!(
                 "master hub at {} dropped without stop: its thread stops on its own",
                 self.socket_path.display()
             ));
+        }
+    }
+}
+
+/// The metrics endpoint, or a logged error: metrics are not worth an outage,
+/// so the hub serves its workers either way.
+fn start_metrics(config: &MetricsConfig, shared: &Arc<HubShared>) -> Option<OwnedThread> {
+    match metrics::start(config, shared.clone()) {
+        Ok(endpoint) => {
+            let _ = shared.metrics_address.set(endpoint.address);
+            shared.log.info(format!(
+                "metrics at http://{}{}",
+                endpoint.address,
+                metrics::METRICS_PATH
+            ));
+            Some(endpoint.thread)
+        }
+        Err(e) => {
+            shared.log.error(format!(
+                "metrics endpoint: {e} — the hub serves its workers without it"
+            ));
+            None
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::log::LogSink;
 use crate::protocol::Frame;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// pgbus's defaults (MasterHub::DEFAULT_DURABLE_QUEUE_LIMIT / DEFAULT_HARD_QUEUE_LIMIT).
 pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
@@ -54,6 +55,11 @@ pub struct Outbox {
     closed: bool,
     /// Set before the reader drops its half: from then on the fd may be reused.
     fd_released: bool,
+    /// Live frames ever queued and ever taken: a frame's position in `frames`' order.
+    queued: u64,
+    taken: u64,
+    /// Acks queued: their position and when their sub was read (sub->ack times).
+    acks: VecDeque<(u64, Instant)>,
 }
 
 impl Outbox {
@@ -98,6 +104,7 @@ impl Outbox {
                 break;
             };
             self.durable -= usize::from(droppable);
+            self.taken += 1;
             batch.push(frame);
         }
         let catch_up_end = batch.len().saturating_add(catch_up_max).min(max);
@@ -109,6 +116,24 @@ impl Outbox {
         }
     }
 
+    /// The frame queued last is an ack of a sub read at `read_at`.
+    pub fn ack_queued(&mut self, read_at: Instant) {
+        if !self.closed {
+            self.acks.push_back((self.queued - 1, read_at));
+        }
+    }
+
+    /// Moves into `read_at` when the subs were read whose acks `take` has taken.
+    pub fn take_acks(&mut self, read_at: &mut Vec<Instant>) {
+        while self
+            .acks
+            .front()
+            .is_some_and(|&(position, _)| position < self.taken)
+        {
+            read_at.extend(self.acks.pop_front().map(|(_, at)| at));
+        }
+    }
+
     /// Catch-up wakes still owed.
     pub fn owes_catch_up(&self) -> bool {
         !self.catch_up.is_empty()
@@ -117,6 +142,8 @@ impl Outbox {
     fn clear(&mut self) {
         self.frames.clear();
         self.durable = 0;
+        self.taken = self.queued;
+        self.acks.clear();
         self.catch_up.clear();
     }
 
@@ -173,6 +200,7 @@ impl Backpressure {
         }
         outbox.frames.push_back((frame, droppable));
         outbox.durable += usize::from(droppable);
+        outbox.queued += 1;
         if outbox.frames.len() > self.hard_limit {
             self.evicted.fetch_add(1, Ordering::Relaxed);
             self.log.warn(format!(

@@ -12,12 +12,15 @@
 
 use super::worker::WorkerId;
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// One sub, as the router answers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sub {
     pub worker: WorkerId,
     pub queue: String,
+    /// When its frame was read (the sub->ack histogram's start).
+    pub read_at: Instant,
 }
 
 struct Pending {
@@ -89,9 +92,11 @@ mod tests {
     use super::*;
 
     fn sub(worker: WorkerId, queue: &str) -> Sub {
+        static READ_AT: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         Sub {
             worker,
             queue: queue.into(),
+            read_at: *READ_AT.get_or_init(Instant::now),
         }
     }
 

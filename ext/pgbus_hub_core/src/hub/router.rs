@@ -145,7 +145,15 @@ impl Router {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Accepted { stream, peer_pid } => self.accept(stream, peer_pid),
-            Command::Sub { worker, queue } => self.subscribe(worker, queue),
+            Command::Sub {
+                worker,
+                queue,
+                read_at,
+            } => self.subscribe(Sub {
+                worker,
+                queue,
+                read_at,
+            }),
             Command::Unsub { worker, queue } => self.unsubscribe(worker, &queue),
             Command::Stats(worker) => self.send_stats(worker),
             Command::Gone(worker) => self.remove_worker(worker),
@@ -197,39 +205,38 @@ impl Router {
     /// acks when it ran. A NOTIFY after the LISTEN is therefore routed to
     /// this worker whether it arrives before or after the ack. (During a
     /// database outage a valid sub is acked at once: see [`super::pending`].)
-    fn subscribe(&mut self, worker_id: WorkerId, queue: String) {
+    fn subscribe(&mut self, sub: Sub) {
+        let worker_id = sub.worker;
         let Some(worker) = self.workers.get(&worker_id).cloned() else {
             return; // gone before its sub was read here
         };
         self.monitors.remove(&worker_id);
-        if let Some(refusal) = self.over_cap(&worker, &queue) {
+        if let Some(refusal) = self.over_cap(&worker, &sub.queue) {
             worker.sub_answered();
             self.shared.refused_subs.fetch_add(1, Ordering::Relaxed);
             if worker.first_refusal() {
                 self.shared.log.warn(format!(
-                    "{} subscribed to {queue:?}: {refusal} — refused (further refusals for this \
+                    "{} subscribed to {:?}: {refusal} — refused (further refusals for this \
                      connection are counted in refused_subs, not logged)",
-                    worker.label()
+                    worker.label(),
+                    sub.queue
                 ));
             }
             return self.send(
                 &worker,
                 &Message::Nack {
-                    queue,
+                    queue: sub.queue,
                     reason: refusal,
                 },
             );
         }
-        self.registry.add(worker_id, &queue);
+        self.registry.add(worker_id, &sub.queue);
         if self.engine.handle().is_none() {
             worker.sub_answered();
-            return self.finish_subscribe(&worker, &queue, Err(ListenError::Stopped));
+            return self.finish_subscribe(&worker, &sub, Err(ListenError::Stopped));
         }
-        let deferrable = self.engine.is_valid_name(&queue);
-        let sub = Sub {
-            worker: worker_id,
-            queue: queue.clone(),
-        };
+        let deferrable = self.engine.is_valid_name(&sub.queue);
+        let queue = sub.queue.clone();
         let (id, ack) = self.pending.add(sub, deferrable);
         self.engine.listen_for(id, &queue);
         if let Some(ack) = ack {
@@ -266,7 +273,7 @@ impl Router {
         let Some(worker) = self.workers.get(&sub.worker) else {
             return;
         };
-        self.send(worker, &Message::Ack(sub.queue.clone()));
+        self.send_ack(worker, sub);
         self.shared.log.debug(format!(
             "acked {}'s sub for {:?} during the database outage: LISTENed on reconnect",
             worker.label(),
@@ -289,7 +296,7 @@ impl Router {
         };
         worker.sub_answered();
         if needs_reply {
-            self.finish_subscribe(&worker, &sub.queue, outcome);
+            self.finish_subscribe(&worker, &sub, outcome);
         }
     }
 
@@ -298,12 +305,13 @@ impl Router {
     fn finish_subscribe(
         &mut self,
         worker: &WorkerConnection,
-        queue: &str,
+        sub: &Sub,
         outcome: Result<(), ListenError>,
     ) {
         let log = &self.shared.log;
+        let queue = sub.queue.as_str();
         match outcome {
-            Ok(()) => self.send(worker, &Message::Ack(queue.to_owned())),
+            Ok(()) => self.send_ack(worker, sub),
             Err(ListenError::Stopped) => log.warn(format!(
                 "not acking {}'s sub for {queue:?}: the listener stopped before LISTEN ran",
                 worker.label()
@@ -338,6 +346,19 @@ impl Router {
         self.monitors.remove(&worker);
         for queue in self.registry.remove_worker(worker) {
             self.engine.unlisten(&queue);
+        }
+    }
+
+    /// `sub`'s ack, timed: its sub->ack time is observed once it is written.
+    fn send_ack(&self, worker: &WorkerConnection, sub: &Sub) {
+        match Message::Ack(sub.queue.clone()).encode() {
+            Ok(frame) => {
+                worker.offer_ack(&self.shared.backpressure, Frame::from(frame), sub.read_at)
+            }
+            Err(e) => self
+                .shared
+                .log
+                .error(format!("cannot encode an ack frame: {e}")),
         }
     }
 
@@ -492,6 +513,7 @@ mod tests {
             hard_queue_limit: 8,
             max_channels_per_connection: 8,
             max_channels: 8,
+            metrics: None,
         };
         let (mut router, _inputs) = Router::new(Arc::new(HubShared::new(&config)), &config);
         let mut peers = Vec::new();

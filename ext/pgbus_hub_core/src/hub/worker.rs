@@ -14,7 +14,7 @@ use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 use tokio::sync::Notify;
 
@@ -123,6 +123,16 @@ impl WorkerConnection {
         outcome
     }
 
+    /// Queues the ack of a sub read at `read_at`: its sub->ack time is
+    /// observed once the writer has written it. The router and the writer
+    /// share the hub's one thread and nothing awaits between the two locks,
+    /// so the ack is marked before the writer can take it.
+    pub fn offer_ack(&self, backpressure: &Backpressure, frame: Frame, read_at: Instant) {
+        if self.offer(backpressure, frame, false) == Enqueued::Queued {
+            self.outbox().ack_queued(read_at);
+        }
+    }
+
     /// Owes this worker the catch-up wakes `frames` (see [`Outbox::owe_catch_up`]).
     pub fn owe_catch_up(&self, frames: Vec<Frame>) {
         if self.outbox().owe_catch_up(frames) {
@@ -157,6 +167,7 @@ async fn write_loop(
     shared: Arc<HubShared>,
 ) {
     let mut batch = Vec::with_capacity(FRAMES_PER_BATCH);
+    let mut acks = Vec::new();
     let mut catch_up_poll = CATCH_UP_POLL_FIRST;
     loop {
         batch.clear();
@@ -167,6 +178,7 @@ async fn write_loop(
         let (closed, owed) = {
             let mut outbox = worker.outbox();
             outbox.take(&mut batch, FRAMES_PER_BATCH, catch_up_room);
+            outbox.take_acks(&mut acks);
             (outbox.is_closed(), outbox.owes_catch_up())
         };
         if closed {
@@ -188,6 +200,9 @@ async fn write_loop(
         shared
             .frames_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for read_at in acks.drain(..) {
+            shared.subscribe_ack.observe(read_at);
+        }
     }
     worker.close();
 }
@@ -264,6 +279,7 @@ fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) 
             Next::Send(Command::Sub {
                 worker: worker.id,
                 queue,
+                read_at: std::time::Instant::now(),
             })
         }
         Message::Unsub(queue) => Next::Send(Command::Unsub {

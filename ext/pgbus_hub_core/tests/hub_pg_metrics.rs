@@ -1,0 +1,161 @@
+//! The hub's metrics endpoint against the real local PostgreSQL, real Unix
+//! sockets and a real TCP port: the families and values `GET /metrics`
+//! serves, its answers to other requests, and a port that cannot be bound.
+//! Skips (with a message) when no server answers.
+
+#![allow(dead_code, unused_imports)]
+
+mod support_os;
+mod support_pg;
+mod support_wait;
+
+include!("support_hub_pg/fixture.rs");
+
+use pgbus_hub_core::hub::metrics::MetricsConfig;
+use pgbus_hub_core::log::Level;
+use std::net::{SocketAddr, TcpStream};
+
+fn with_metrics(mut config: HubConfig, port: u16) -> HubConfig {
+    config.metrics = Some(MetricsConfig {
+        bind: "127.0.0.1".into(),
+        port,
+    });
+    config
+}
+
+/// One HTTP/1.1 request, the whole answer (status line, headers, body) as text.
+fn request(address: SocketAddr, method: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// The sample lines (name{labels} value) of a scrape, comments left out.
+fn samples(answer: &str) -> Vec<&str> {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    body.lines().filter(|l| !l.starts_with('#')).collect()
+}
+
+#[test]
+fn get_metrics_serves_the_stats_families_with_their_values() {
+    let Some(fx) = Fixture::new() else { return };
+    let hub = MasterHub::start(with_metrics(fx.config("metrics"), 0)).unwrap();
+    let address = hub.stats().metrics_address.expect("the endpoint listens");
+    assert_eq!(
+        hub.stats().threads,
+        2,
+        "the hub's thread and the endpoint's"
+    );
+    let mut peers = [Peer::connect(&hub), Peer::connect(&hub)];
+    for (i, peer) in peers.iter_mut().enumerate() {
+        peer.subscribe(&format!("metrics_{i}"));
+    }
+    peers[0].subscribe("metrics_shared");
+    peers[1].subscribe("metrics_shared");
+    // Each ack is observed once its writer has written it (after the peer could read it).
+    wait_until("4 acks timed", || hub.stats().subscribe_ack.count == 4);
+
+    let answer = request(address, "GET", "/metrics");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(
+        answer.contains("content-type: text/plain; version=0.0.4"),
+        "{answer}"
+    );
+    let samples = samples(&answer);
+    for expected in [
+        "pgbus_hub_up 1",
+        "pgbus_hub_workers 2",
+        "pgbus_hub_worker_processes 1",
+        "pgbus_hub_channels 3",
+        "pgbus_hub_raw_channels 0",
+        "pgbus_hub_listener_state{state=\"connecting\"} 0",
+        "pgbus_hub_listener_state{state=\"listening\"} 1",
+        "pgbus_hub_listener_state{state=\"handing_over\"} 0",
+        "pgbus_hub_listener_state{state=\"reconnecting\"} 0",
+        "pgbus_hub_listener_state{state=\"stopped\"} 0",
+        "pgbus_hub_reconnects_total 0",
+        "pgbus_hub_handovers_total 0",
+        "pgbus_hub_abandoned_connections_total 0",
+        "pgbus_hub_dropped_durable_wakes_total 0",
+        "pgbus_hub_evicted_workers_total 0",
+        "pgbus_hub_rejected_peers_total 0",
+        "pgbus_hub_subscribe_ack_seconds_count 4",
+        "pgbus_hub_subscribe_ack_seconds_bucket{le=\"+Inf\"} 4",
+    ] {
+        assert!(samples.contains(&expected), "{expected} in {samples:#?}");
+    }
+    for family in [
+        "# TYPE pgbus_hub_up gauge",
+        "# TYPE pgbus_hub_wakes_received_total counter",
+        "# TYPE pgbus_hub_frames_sent_total counter",
+        "# TYPE pgbus_hub_subscribe_ack_seconds histogram",
+        "# HELP pgbus_hub_workers ",
+    ] {
+        assert!(answer.contains(family), "{family} in {answer}");
+    }
+    // The same numbers `stats` reports: one source.
+    let stats = hub.stats();
+    let frames_sent = samples
+        .iter()
+        .find_map(|l| l.strip_prefix("pgbus_hub_frames_sent_total "))
+        .unwrap();
+    assert!(frames_sent.parse::<u64>().unwrap() <= stats.frames_sent);
+    assert!(!samples.iter().any(|l| l.starts_with("pgbus_hub_census")));
+
+    assert!(request(address, "GET", "/").starts_with("HTTP/1.1 404"));
+    assert!(request(address, "GET", "/metrics/x").starts_with("HTTP/1.1 404"));
+    let post = request(address, "POST", "/metrics");
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    assert!(post.contains("allow: GET"), "{post}");
+}
+
+#[test]
+fn a_port_that_cannot_be_bound_is_logged_and_the_hub_serves_its_workers() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (log, records) = LogSink::channel();
+    let mut config = with_metrics(fx.config("taken"), port);
+    config.listener.log = log;
+    let mut hub = MasterHub::start(config).unwrap();
+    let error = std::iter::from_fn(|| records.recv_timeout(Duration::from_secs(5)).ok())
+        .find(|r| r.level == Level::Error)
+        .expect("an error logged");
+    assert!(
+        error
+            .message
+            .contains(&format!("cannot listen on 127.0.0.1:{port}"))
+            && error.message.contains("serves its workers without it"),
+        "{}",
+        error.message
+    );
+    assert_eq!(hub.stats().metrics_address, None);
+    assert_eq!(hub.stats().threads, 1);
+    let mut peer = Peer::connect(&hub);
+    peer.subscribe("unbound");
+    fx.notify("unbound", "still served");
+    peer.expect_wake("unbound", Some("still served"));
+    hub.stop();
+}
+
+#[test]
+fn stop_ends_the_endpoint() {
+    let Some(fx) = Fixture::new() else { return };
+    let mut hub = MasterHub::start(with_metrics(fx.config("stops"), 0)).unwrap();
+    let address = hub.stats().metrics_address.unwrap();
+    hub.stop();
+    assert_eq!(hub.stats().threads, 0);
+    assert!(
+        TcpStream::connect(address).is_err(),
+        "nothing listens at {address}"
+    );
+}
