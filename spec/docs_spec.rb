@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
 # The docs stay true to the tree: every relative link in the README and
-# docs/ resolves (file and, for #anchors, heading), and every `file:function`
-# step of docs/architecture.md's call chains names a function that exists.
+# docs/ resolves (file and, for #anchors, heading), and every `path:Type::function`
+# anchor (the call chains of docs/architecture.md) names a function that exists where it says.
 RSpec.describe "docs" do
   pages = [File.join(ROOT, "README.md"), *Dir[File.join(ROOT, "docs", "*.md")]]
 
@@ -29,14 +29,74 @@ RSpec.describe "docs" do
     expect(broken).to eq([])
   end
 
-  it "names in the call chains only functions that exist" do
-    steps = File.read(File.join(ROOT, "docs", "architecture.md")).scan(/`((?:ext|lib)\/[\w\/.]+\.(?:rs|rb)):(\w+)`/)
-    expect(steps.size).to be > 30
-    missing = steps.uniq.reject do |file, name|
-      path = File.join(ROOT, file)
-      File.exist?(path) && File.read(path).match?(/\b(?:fn|def)\s+(?:self\.)?#{name}\b/)
+  # Every fn of a Rust file, as "Type::name" inside an `impl Type`, `impl Trait for Type` or
+  # `trait Type` block, else "name". Comments and literals are blanked first, so only code's
+  # braces count; each `{` opens a block whose header (the code since the last `{`, `}` or `;`)
+  # says whether it is an impl or trait.
+  def rust_functions(text)
+    code = text.gsub(%r{//[^\n]*|/\*.*?\*/|\bb?r(#*)".*?"\1|"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])'}m) { |s| s.gsub(/[^\n]/, " ") }
+    blocks = [] # per open block: its type (impl, trait) or nil
+    header = +""
+    code.to_enum(:scan, /\bfn\s+(\w+)|[{};]|[^{};]+?(?=\bfn\b|[{};]|\z)/m).filter_map do
+      token, name = Regexp.last_match.values_at(0, 1)
+      if name.nil? && !"{};".include?(token)
+        header << token
+        next
+      end
+      blocks << block_type(header) if token == "{"
+      blocks.pop if token == "}"
+      header = +""
+      [blocks.last, name].compact.join("::") if name
     end
-    expect(missing).to eq([])
+  end
+
+  def block_type(header)
+    header = header.sub(/\bwhere\b.*/m, "")
+    header = header.gsub(/<[^<>]*>/, "") while header.match?(/<[^<>]*>/) # generics, innermost first
+    header[/\btrait\s+(\w+)/, 1] || header[/\bimpl\s+(?:.*\bfor\s+)?&?(?:\w+::)*(\w+)\s*\z/m, 1]
+  end
+
+  # Every def of a Ruby file, as "Mod::Class#name" or "Mod::Class.name" (a singleton method),
+  # else "name"; the namespaces open at a def are those indented less than it.
+  def ruby_methods(text)
+    open = [] # [indent, name] per open class or module; name :self for `class << self`
+    text.each_line.filter_map do |line|
+      indent = line[/\A */].size
+      namespace = line[/\A *(?:class|module) +([A-Z][\w:]*)/, 1] ||
+                  line[/\A *([A-Z]\w*) *= *(?:Struct|Class|Data)\.(?:new|define)\b/, 1] ||
+                  (:self if line.match?(/\A *class *<< *self\b/))
+      method = line.match(/\A *(?:(?:private|protected|public|module_function) +)?def +(self\.)?(\w+[?!=]?)/)
+      next unless namespace || method
+
+      open = open.reject { |i, _| i >= indent }
+      if namespace
+        open << [indent, namespace]
+        next
+      end
+
+      names = open.map(&:last)
+      owner = (names - [:self]).join("::")
+      separator = method[1] || names.last == :self ? "." : "#"
+      owner.empty? ? method[2] : "#{owner}#{separator}#{method[2]}"
+    end
+  end
+
+  # Anchors (docs/architecture.md's "Call chains" says the form): `path:Type::method` for a
+  # method, `path:function` for a free function, `path:Mod::Class#method` / `path:Mod.method` in Ruby.
+  it "anchors every `path:function` at a function of that name and type in that file" do
+    steps = pages.flat_map { |page| File.read(page).scan(/`((?:ext|lib)\/[\w\/.]+\.(?:rs|rb)):([\w:#.?!]+)`/) }.uniq
+    expect(steps.size).to be > 30
+    wrong = steps.filter_map do |file, name|
+      path = File.join(ROOT, file)
+      next "#{file}:#{name} (no such file)" unless File.exist?(path)
+
+      defined = file.end_with?(".rb") ? ruby_methods(File.read(path)) : rust_functions(File.read(path))
+      next if defined.include?(name)
+
+      same_name = defined.select { |d| d.split(/::|#|\./).last == name.split(/::|#|\./).last }
+      "#{file}:#{name} (#{same_name.empty? ? "no such function" : "defined as #{same_name.join(", ")}"})"
+    end
+    expect(wrong).to eq([])
   end
 
   # The state words (FailoverState, ListenerState) are defined once, in the core's `as_str`; the

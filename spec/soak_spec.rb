@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# The soak's short form (docs/operations.md, "Soak: a fault a minute"): the
+# The soak's short form (docs/soak.md, "The short form"): the
 # Rails 7.2 app of spec/support/soak on a private cluster, 16 WebSocket + 16
 # streaming HTTP clients, five faults 30 s apart (terminate the LISTEN backend,
 # kill -9 a worker, SIGSTOP a worker for 15 s, USR2 to the master, the database

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # `rake soak MINUTES=N` runs this in the trixie chroot (Ruby 3.3, Rails 7.2,
-# Puma 6.6, PostgreSQL 17): docs/operations.md, "Soak: a fault a minute".
+# Puma 6.6, PostgreSQL 17): docs/soak.md.
 $LOAD_PATH.unshift File.expand_path("../../../lib", __dir__)
 require_relative "runner"
 
