@@ -172,8 +172,8 @@ module Stops
     end
 
     # Where a hot restart's time goes, in s after the USR2 (Cluster marks, spec/support/stops/puma.rb;
-    # nil: not reached or not this app's, e.g. no hub in the control): the old workers gone, the
-    # old master's restart hooks and the plugin's teardown (the hub's stop) before its exec, the
+    # nil: not reached or not this app's, e.g. no hub in the control): the last client cut off by
+    # its old worker's end, the old master's restart hooks and the plugin's teardown (the hub's stop) before its exec, the
     # re-exec'd master reading puma.rb (Ruby and Puma loaded), the app preloaded, the hub started
     # before the first fork, the new workers booting and all serving, then each client's
     # disconnect and its subscription confirmed on a new worker (last of each).
@@ -182,7 +182,7 @@ module Stops
       booted = (app.puma.worker_pids - old).filter_map { |pid| app.puma.marks(pid)["booted"] }
       sessions = app.clients.map { |c| [c.sessions.find { |s| old.include?(s.pid) && s.ended_at }, c.sessions.find { |s| !old.include?(s.pid) && s.confirmed_at >= at }] }
       {
-        old_workers_gone: sessions.filter_map { |ended, _| ended&.ended_at }.max, restart_hooks: master["restart_hooks"],
+        last_disconnect: sessions.filter_map { |ended, _| ended&.ended_at }.max, restart_hooks: master["restart_hooks"],
         teardown_begin: master["teardown_begin"], teardown_end: master["teardown_end"], config: master["config"],
         preloaded: master["preloaded"], hub_boot_begin: master["hub_boot_begin"], hub_boot_end: master["hub_boot_end"],
         first_worker_booted: booted.min, last_worker_booted: booted.max, all_booted: master["all_booted"],
