@@ -51,9 +51,12 @@ module Pgbus
       # (30 s), and a hot restart serves no one meanwhile. As a server stops, a thread watches the
       # server's thread: one that sat SECONDS in IO#close is ended, and the worker exits as Puma means
       # it to (its shutdown hooks, at_exit). A close that returns is never touched.
+      # SECONDS is short because every wedged stop costs it (plus up to POLL), and in a hot restart
+      # every client waits for it: the stuck close is the server thread's last step (the pipes'
+      # close after its graceful shutdown), and a pipe's close otherwise returns at once.
       module StuckClose
-        SECONDS = 1.0
-        POLL = 0.25
+        SECONDS = 0.5
+        POLL = 0.1
 
         # Puma's generic Events#register (5.6 to 8): the server fires :state on its own thread.
         def self.watch(events, log)

@@ -3,6 +3,16 @@
 # Puma config of `rake stops` (spec/support/stops; tests only): the shape issue 49's app ran, Puma's
 # defaults otherwise (worker_shutdown_timeout 30 s). PGBUS_STOPS_PRELOAD=0: no preload_app!, which
 # a phased restart (SIGUSR1) needs; the hub's configuration then comes from here, not the app.
+
+# Each process's marks (STATE_DIR/marks-PID: "what CLOCK_REALTIME" lines, the last of a name wins),
+# for the harness only. The master's pid survives a hot restart's exec: "config" is this file as a
+# (re-exec'd) master reads it, once Ruby and Puma are loaded.
+state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
+mark = lambda do |what|
+  File.open(File.join(state_dir, "marks-#{Process.pid}"), "a") { |f| f.puts("#{what} #{Process.clock_gettime(Process::CLOCK_REALTIME)}") }
+end
+mark.call("config")
+
 workers 4
 threads 5, 5
 bind "tcp://127.0.0.1:#{ENV.fetch('PGBUS_E2E_PORT')}"
@@ -26,18 +36,36 @@ elsif !preload && ENV["SOAK_CABLE_ADAPTER"] == "pgbus_hub" # the gem's app (plug
   end
 end
 
+# A hot restart's steps in the master, for docs/deploys.md's breakdown: the old master's restart
+# hooks and the plugin's teardown (the hub's stop), then in the re-exec'd one "config" (above),
+# the app preloaded (Puma's before-fork hook), the hub's start before the first fork and every
+# worker serving (Puma's booted event: each worker checked in after its server started).
+hook = ->(modern, legacy, &block) { public_send(respond_to?(modern) ? modern : legacy, &block) } # Puma 7 renamed them
+hook.call(:before_restart, :on_restart) { mark.call("restart_hooks") }
+before_fork { mark.call("preloaded") }
+hook.call(:after_booted, :on_booted) { mark.call("all_booted") }
+if defined?(Pgbus::Hub::Boot) # plugin :pgbus_hub (or this gem's :pgbus_streams) loaded it
+  Pgbus::Hub::Boot.singleton_class.prepend(Module.new do
+    define_method(:teardown) do |why|
+      mark.call("teardown_begin")
+      super(why).tap { mark.call("teardown_end") }
+    end
+
+    define_method(:before_fork) do
+      first = !@stops_marked
+      @stops_marked = true
+      mark.call("hub_boot_begin") if first
+      super().tap { mark.call("hub_boot_end") if first }
+    end
+  end)
+end
+
 # Each worker, for the harness only: SIGWINCH (ignored by default, unused by Puma's workers)
 # appends every Ruby thread's backtrace to STATE_DIR/threads-PID.txt; "marks-PID" records when
 # the worker's server had stopped (Puma's worker-shutdown hook runs once its thread pool is
 # joined) and when the at_exit handlers began (one registered at boot runs after those
 # registered later, before those of the preloaded app).
-state_dir = ENV.fetch("PGBUS_E2E_STATE_DIR")
-mark = lambda do |what|
-  File.open(File.join(state_dir, "marks-#{Process.pid}"), "a") { |f| f.puts("#{what} #{Process.clock_gettime(Process::CLOCK_REALTIME)}") }
-end
-boot = respond_to?(:before_worker_boot) ? :before_worker_boot : :on_worker_boot
-shutdown = respond_to?(:before_worker_shutdown) ? :before_worker_shutdown : :on_worker_shutdown
-public_send(boot) do
+hook.call(:before_worker_boot, :on_worker_boot) do
   Signal.trap("WINCH") do
     dump = Thread.list.map do |t|
       "--- #{t.inspect} status=#{t.status.inspect}\n#{(t.backtrace || []).join("\n")}\n"
@@ -72,4 +100,4 @@ public_send(boot) do
     end
   end
 end
-public_send(shutdown) { mark.call("server_stopped") }
+hook.call(:before_worker_shutdown, :on_worker_shutdown) { mark.call("server_stopped") }

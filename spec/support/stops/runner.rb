@@ -46,8 +46,10 @@ module Stops
   # client was subscribed again (USR2: on a new worker; USR1: the longest client's gap).
   # served_by_kind / missed_per_client: the same per client kind (cable, stream), per client.
   # killed: old workers that never ran their at_exit (puma.rb marks it): the master SIGKILLed them.
+  # steps: a hot restart's timeline (AppStops#hot_restart_steps); load: the host's 1-minute load
+  # average at the stop (/proc/loadavg: other work on the host shows in the figures).
   Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :killed,
-                    :missed, :missed_per_client, :lost, :lost_by_kind, :detail, keyword_init: true)
+                    :missed, :missed_per_client, :lost, :lost_by_kind, :detail, :steps, :load, keyword_init: true)
 
   # The stops of one app (adapter), run in a thread of its own beside the other app's.
   class AppStops
@@ -111,9 +113,10 @@ module Stops
     end
 
     def summary(stop)
-      served = stop.served_s ? ", every client served again after #{stop.served_s} s" : ""
+      served = stop.served_s ? ", every client served again after #{stop.served_s} s #{stop.served_by_kind.inspect}" : ""
       missed = stop.missed ? ", missed while disconnected #{stop.missed}, lost while connected #{stop.lost}" : ""
-      "old workers gone after #{stop.workers_gone_s.max} s#{served}#{missed}" \
+      steps = stop.steps ? "; steps (s) #{stop.steps.compact.map { |step, s| "#{step} #{s}" }.join(', ')}" : ""
+      "load #{stop.load}: old workers gone after #{stop.workers_gone_s.max} s#{served}#{missed}#{steps}" \
         "#{stop.lingered.empty? ? '' : " — LINGERED: #{stop.lingered.map { |l| "#{l[:pid]} #{l[:gone_s]} s" }.join(', ')}"}"
     end
 
@@ -149,10 +152,42 @@ module Stops
       old = app.puma.worker_pids
       at = Soak.now
       app.puma.signal("USR2")
+      probe = Thread.new { first_answer(app, old, at + 90) }
       gone = watch(app, old.to_h { |pid| [pid, at] })
       app.puma.wait_for("4 new workers of #{@adapter}", timeout: 90) { (app.puma.worker_pids - old).size == 4 }
       served = served_again(app, old, at)
-      stop("usr2", at, gone, served_s: served.values.max, served_by_kind: served)
+      steps = hot_restart_steps(app, old, at).merge(first_request_answered: probe.value&.then { |t| (t - at).round(2) })
+      stop("usr2", at, gone, served_s: served.values.max, served_by_kind: served, steps: steps)
+    end
+
+    # When a new worker first answered a plain request (GET /pid), asked again at once until one
+    # does: a request waits in the listen backlog, which the re-exec'd master keeps open.
+    def first_answer(app, old, deadline)
+      until Soak.now > deadline
+        answer = app.puma.get("/pid", timeout: 30)
+        return Soak.now if answer && !old.include?(answer["pid"])
+
+        sleep 0.01
+      end
+    end
+
+    # Where a hot restart's time goes, in s after the USR2 (Cluster marks, spec/support/stops/puma.rb;
+    # nil: not reached or not this app's, e.g. no hub in the control): the last client cut off by
+    # its old worker's end, the old master's restart hooks and the plugin's teardown (the hub's stop) before its exec, the
+    # re-exec'd master reading puma.rb (Ruby and Puma loaded), the app preloaded, the hub started
+    # before the first fork, the new workers booting and all serving, then each client's
+    # disconnect and its subscription confirmed on a new worker (last of each).
+    def hot_restart_steps(app, old, at)
+      master = app.puma.marks(app.puma.pid)
+      booted = (app.puma.worker_pids - old).filter_map { |pid| app.puma.marks(pid)["booted"] }
+      sessions = app.clients.map { |c| [c.sessions.find { |s| old.include?(s.pid) && s.ended_at }, c.sessions.find { |s| !old.include?(s.pid) && s.confirmed_at >= at }] }
+      {
+        last_disconnect: sessions.filter_map { |ended, _| ended&.ended_at }.max, restart_hooks: master["restart_hooks"],
+        teardown_begin: master["teardown_begin"], teardown_end: master["teardown_end"], config: master["config"],
+        preloaded: master["preloaded"], hub_boot_begin: master["hub_boot_begin"], hub_boot_end: master["hub_boot_end"],
+        first_worker_booted: booted.min, last_worker_booted: booted.max, all_booted: master["all_booted"],
+        first_served: sessions.filter_map { |_, s| s&.confirmed_at }.min, last_served: sessions.filter_map { |_, s| s&.confirmed_at }.max
+      }.transform_values { |t| t && (t - at).round(2) }
     end
 
     def phased_restart(app)
@@ -183,7 +218,7 @@ module Stops
     def stop(kind, at, gone, **figures)
       killed = gone[:detail].reject { |_, marks| marks.key?("at_exit") }.keys
       Stop.new(kind: kind, at: (at - @t0).round(1), workers_gone_s: gone[:gone].values, lingered: gone[:lingered],
-               killed: killed, detail: gone[:detail], **figures)
+               killed: killed, detail: gone[:detail], load: Float(File.read("/proc/loadavg").split.first), **figures)
     end
 
     # Every client subscribed on a worker not in +old+ (bounded); per client kind (cable,
@@ -317,7 +352,8 @@ module Stops
           missed_while_disconnected: stops.sum { |s| s.missed || 0 }.round, lost_while_connected: stops.sum { |s| s.lost || 0 }.round,
           lost_while_connected_by_kind: stops.filter_map(&:lost_by_kind).flat_map(&:to_a).group_by(&:first)
                                              .transform_values { |pairs| pairs.sum(&:last).round },
-          lingering: stops.flat_map(&:lingered) }
+          lingering: stops.flat_map(&:lingered), load: stops.map(&:load).minmax,
+          steps_p50_s: median_steps(stops.filter_map(&:steps)) }
       end
       [run.adapter, { kinds: by_kind, stops: run.stops.map(&:to_h) }]
     end }
@@ -327,23 +363,35 @@ module Stops
     sorted = values.sort
     return nil if sorted.empty?
 
-    { p50: sorted[(sorted.size - 1) / 2], max: sorted.last, over_5s: sorted.count { |v| v > LINGER } }
+    { min: sorted.first, p50: sorted[(sorted.size - 1) / 2], max: sorted.last, over_5s: sorted.count { |v| v > LINGER } }
+  end
+
+  # Each step's median over the hot restarts' timelines (nil: no stop reached it).
+  def median_steps(timelines)
+    return nil if timelines.empty?
+
+    timelines.first.keys.to_h { |step| [step, spread(timelines.filter_map { |t| t[step] })&.fetch(:p50)] }
   end
 
   def print(data, out)
     out.puts "", "=== stops: #{data[:settings][:cycles]} cycles, #{data[:settings][:clients]} WebSocket " \
                  "(+ as many #{data[:settings][:pgbus_libs].empty? ? 'streaming HTTP on pgbus_hub' : "pgbus SSE"}) clients, #{data[:settings][:rate]} msg/s ==="
     out.puts "| app | stop | stops | a worker alive > 5 s (workers killed) | old workers gone p50 / max s | master gone p50 / max s | " \
-             "every client served again p50 / max s | missed while disconnected (per client and stop) | lost while connected |"
-    out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             "every client served again min / p50 / max s (over 5 s) | load (1 min) | missed while disconnected (per client and stop) | lost while connected |"
+    out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     data[:apps].each do |adapter, app|
       app[:kinds].each do |kind, k|
         fmt = ->(s) { s ? "#{s[:p50]} / #{s[:max]}" : "-" }
+        served = ->(s) { s ? "#{s[:min]} / #{s[:p50]} / #{s[:max]} (#{s[:over_5s]})" : "-" }
         out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} (#{k[:killed]}) | #{fmt.call(k[:workers_gone_s])} | " \
-                 "#{fmt.call(k[:master_gone_s])} | #{fmt.call(k[:served_again_s])} | #{k[:missed_while_disconnected]} " \
+                 "#{fmt.call(k[:master_gone_s])} | #{served.call(k[:served_again_s])} | #{k[:load].join('-')} | #{k[:missed_while_disconnected]} " \
                  "(#{k[:missed_per_client_per_stop].map { |kind, n| "#{kind} #{n}" }.join(', ')}) | " \
                  "#{k[:lost_while_connected]}#{k[:lost_while_connected_by_kind].empty? ? '' : " (#{k[:lost_while_connected_by_kind].map { |kind, n| "#{kind} #{n}" }.join(', ')})"} |"
       end
+    end
+    data[:apps].each do |adapter, app|
+      steps = app[:kinds].dig("usr2", :steps_p50_s) or next
+      out.puts "#{adapter}: hot restart steps, p50 s after the USR2: #{steps.map { |step, s| "#{step} #{s.inspect}" }.join(', ')}"
     end
     data[:apps].each do |adapter, app|
       app[:kinds].each_value do |k|
