@@ -256,6 +256,70 @@ struct EventQueue {
     ready: Condvar,
 }
 
+impl EventQueue {
+    fn new() -> Self {
+        Self {
+            pid: current_pid(),
+            inner: Mutex::default(),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn set_enabled(&self, enabled: bool) {
+        let mut inner = lock(&self.inner);
+        inner.enabled = enabled;
+        if !enabled {
+            inner.events.clear(); // nobody reads them
+        }
+    }
+
+    fn emit(&self, event: Event) {
+        let mut inner = lock(&self.inner);
+        if !inner.enabled {
+            return;
+        }
+        if inner
+            .events
+            .back_mut()
+            .is_some_and(|last| last.absorb(&event))
+        {
+            return;
+        }
+        if inner.events.len() >= EVENT_QUEUE_CAPACITY {
+            inner.events.pop_front();
+            inner.dropped += 1;
+        }
+        inner.events.push_back(event);
+        drop(inner);
+        self.ready.notify_one();
+    }
+
+    fn next(&self, timeout: Duration) -> Option<Event> {
+        let inner = lock(&self.inner);
+        let interrupts = inner.interrupts;
+        let (mut inner, _) = self
+            .ready
+            .wait_timeout_while(inner, timeout, |inner| {
+                inner.events.is_empty() && inner.interrupts == interrupts
+            })
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        inner.events.pop_front()
+    }
+
+    fn interrupt(&self) {
+        lock(&self.inner).interrupts += 1;
+        self.ready.notify_all();
+    }
+
+    fn stats(&self) -> EventStats {
+        let inner = lock(&self.inner);
+        EventStats {
+            queued: inner.events.len(),
+            dropped: inner.dropped,
+        }
+    }
+}
+
 /// This process's queue (leaked: one per process that ever enabled events).
 static QUEUE: AtomicPtr<EventQueue> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -275,11 +339,7 @@ fn queue() -> &'static EventQueue {
         if let Some(queue) = unsafe { seen.as_ref() }.filter(|q| q.pid == current_pid()) {
             return queue;
         }
-        let made = Box::into_raw(Box::new(EventQueue {
-            pid: current_pid(),
-            inner: Mutex::default(),
-            ready: Condvar::new(),
-        }));
+        let made = Box::into_raw(Box::new(EventQueue::new()));
         if QUEUE
             .compare_exchange(seen, made, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
@@ -292,15 +352,13 @@ fn queue() -> &'static EventQueue {
 
 /// Events are queued from now on in this process.
 pub fn enable() {
-    lock(&queue().inner).enabled = true;
+    queue().set_enabled(true);
 }
 
 /// Events are no longer queued; what was queued is dropped (nobody reads it).
 pub fn disable() {
     if let Some(queue) = own_queue() {
-        let mut inner = lock(&queue.inner);
-        inner.enabled = false;
-        inner.events.clear();
+        queue.set_enabled(false);
     }
 }
 
@@ -310,56 +368,27 @@ pub fn enabled() -> bool {
 
 /// Queues `event` if events are enabled in this process; never waits for a reader.
 pub fn emit(event: Event) {
-    let Some(queue) = own_queue() else {
-        return;
-    };
-    let mut inner = lock(&queue.inner);
-    if !inner.enabled {
-        return;
+    if let Some(queue) = own_queue() {
+        queue.emit(event);
     }
-    if inner.events.back_mut().is_some_and(|last| last.absorb(&event)) {
-        return;
-    }
-    if inner.events.len() >= EVENT_QUEUE_CAPACITY {
-        inner.events.pop_front();
-        inner.dropped += 1;
-    }
-    inner.events.push_back(event);
-    drop(inner);
-    queue.ready.notify_one();
 }
 
 /// The oldest queued event, waiting at most `timeout` for one; None on
-/// timeout, after an [`interrupt`], or with events off.
+/// timeout, after an [`interrupt`], or at once if this process never
+/// enabled events. Off, it still waits (a reader must not spin).
 pub fn next(timeout: Duration) -> Option<Event> {
-    let queue = own_queue()?;
-    let inner = lock(&queue.inner);
-    let interrupts = inner.interrupts;
-    let (mut inner, _) = queue
-        .ready
-        .wait_timeout_while(inner, timeout, |inner| {
-            inner.enabled && inner.events.is_empty() && inner.interrupts == interrupts
-        })
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    inner.events.pop_front()
+    own_queue()?.next(timeout)
 }
 
 /// Ends a waiting [`next`] at once.
 pub fn interrupt() {
     if let Some(queue) = own_queue() {
-        lock(&queue.inner).interrupts += 1;
-        queue.ready.notify_all();
+        queue.interrupt();
     }
 }
 
 pub fn stats() -> EventStats {
-    own_queue().map_or_else(EventStats::default, |queue| {
-        let inner = lock(&queue.inner);
-        EventStats {
-            queued: inner.events.len(),
-            dropped: inner.dropped,
-        }
-    })
+    own_queue().map_or_else(EventStats::default, EventQueue::stats)
 }
 
 /// The hub's call sites, one line each.
@@ -372,7 +401,9 @@ pub fn reconnected(queues: usize, listener: &Mutex<Option<Arc<ListenerStats>>>) 
     }
     let listener = lock(listener).clone();
     emit(Event::Reconnect {
-        state: listener.as_deref().map_or(ListenerState::Listening, ListenerStats::state),
+        state: listener
+            .as_deref()
+            .map_or(ListenerState::Listening, ListenerStats::state),
         queues,
         reconnects: listener.as_deref().map_or(0, ListenerStats::reconnects),
     });
@@ -412,43 +443,63 @@ mod tests {
         }
     }
 
-    /// The queue is per process: the tests that use it run as one.
+    /// A queue of its own: other tests of this binary emit into the process's.
     #[test]
     fn off_until_enabled_bounded_then_and_drops_coalesce() {
-        disable();
-        emit(Event::HubHealth { healthy: false });
-        assert_eq!(next(Duration::ZERO), None, "off: nothing queued");
+        let queue = EventQueue::new();
+        queue.emit(Event::HubHealth { healthy: false });
+        assert_eq!(queue.next(Duration::ZERO), None, "off: nothing queued");
 
-        enable();
+        queue.set_enabled(true);
         for _ in 0..3 {
-            emit(drop_of("a", 1));
+            queue.emit(drop_of("a", 1));
         }
-        emit(drop_of("a", 2));
+        queue.emit(drop_of("a", 2));
         let mut three = drop_of("a", 1);
         assert!(three.absorb(&drop_of("a", 1)) && three.absorb(&drop_of("a", 1)));
-        assert_eq!(next(Duration::ZERO), Some(three), "one event, dropped: 3");
-        assert_eq!(next(Duration::ZERO), Some(drop_of("a", 2)));
+        assert_eq!(
+            queue.next(Duration::ZERO),
+            Some(three),
+            "one event, dropped: 3"
+        );
+        assert_eq!(queue.next(Duration::ZERO), Some(drop_of("a", 2)));
 
         for healthy in (0..EVENT_QUEUE_CAPACITY + 2).map(|i| i % 2 == 0) {
-            emit(Event::HubHealth { healthy });
+            queue.emit(Event::HubHealth { healthy });
         }
-        assert_eq!(stats().queued, EVENT_QUEUE_CAPACITY);
-        assert_eq!(stats().dropped, 2);
+        assert_eq!(queue.stats().queued, EVENT_QUEUE_CAPACITY);
+        assert_eq!(queue.stats().dropped, 2);
         assert_eq!(
-            next(Duration::ZERO),
+            queue.next(Duration::ZERO),
             Some(Event::HubHealth { healthy: true }),
             "the oldest two went"
         );
-        disable();
-        assert_eq!(stats().queued, 0);
+        queue.set_enabled(false);
+        assert_eq!(queue.stats().queued, 0);
 
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| queue.next(Duration::from_secs(60)));
+            while !waiter.is_finished() {
+                queue.interrupt();
+                std::thread::yield_now();
+            }
+            assert_eq!(waiter.join().unwrap(), None, "interrupted");
+        });
+    }
+
+    #[test]
+    fn a_forked_parents_queue_is_not_ours() {
         enable();
-        let waiter = std::thread::spawn(|| next(Duration::from_secs(60)));
-        while !waiter.is_finished() {
-            interrupt();
-            std::thread::yield_now();
-        }
-        assert_eq!(waiter.join().unwrap(), None, "interrupted");
+        let parent = QUEUE.load(Ordering::Acquire);
+        // SAFETY: leaked, never freed; a pid that is not ours stands for the parent's.
+        let mut other = EventQueue::new();
+        other.pid = unsafe { &*parent }.pid.wrapping_add(1);
+        let other = Box::into_raw(Box::new(other));
+        QUEUE.store(other, Ordering::Release);
+        assert!(!enabled(), "the inherited queue is off here");
+        enable();
+        assert_ne!(QUEUE.load(Ordering::Acquire), other, "a queue of its own");
+        assert!(enabled());
         disable();
     }
 }
