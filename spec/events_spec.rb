@@ -23,6 +23,8 @@ RSpec.describe "ActiveSupport::Notifications events" do
     subscribe = first.call("subscribe.pgbus_hub")
     expect(subscribe).to include(queue: "ev_sub", via: :hub, outcome: :done, state: :on_hub)
     expect(subscribe[:duration]).to be_a(Float).and be >= 0
+    own = events.find { |name, payload, _| name == "subscribe.pgbus_hub" && payload[:queue] == "ev_own" }&.at(1)
+    expect(own).to include(via: :own_connection, outcome: :done, state: :standalone)
     expect(first.call("reconnect.pgbus_hub")).to eq(state: :listening, queues: 1, reconnects: 1)
     health = events.select { |name, _, _| name == "hub_health.pgbus_hub" }.map { |_, payload, _| payload }
     expect(health.first(2)).to eq([{ healthy: false }, { healthy: true }])

@@ -72,6 +72,12 @@ Timeout.timeout(90) do
     await.call("fail_back.pgbus_hub" => 1)
     steps[:state_after_fail_back] = listener.state
 
+    # A listener with no hub to try: its own connection.
+    standalone = Pgbus::Hub::Listener.new(connection: TestDatabase.url, dispatch_queue: Queue.new, logger: quiet).start
+    standalone.ensure_listening("ev_own")
+    await.call("subscribe.pgbus_hub" => 2)
+    standalone.stop
+
     listener.stop
     hub.stop
     steps[:threads_after_stop] = ours.call
