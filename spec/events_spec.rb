@@ -34,7 +34,9 @@ RSpec.describe "ActiveSupport::Notifications events" do
     expect(first.call("fail_over.pgbus_hub")).to include(state: :failed_over, subscriptions: 1, woken: 1)
     expect(first.call("fail_back.pgbus_hub")).to include(state: :on_hub, subscriptions: 1, woken: 1)
 
-    expect(report[:steps]).to include(ensure_listening: :done, threads_running: 1,
+    expect(report[:steps]).to include(ensure_listening: :done, threads_running: 1, threads_after_second_starts: 1,
+                                      threads_with_the_hub_alone: 1,
+                                      second_start: "master hub is already running",
                                       threads_while_only_the_listener_runs: 1, state_after_fail_back: :on_hub,
                                       threads_after_stop: 0, enabled_after_stop: false)
   end

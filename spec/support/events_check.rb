@@ -39,9 +39,17 @@ Timeout.timeout(90) do
     end
     hub = start_hub.call
     wait_for("hub healthy") { hub.stats[:listener_healthy] }
+    begin
+      hub.start # refused: the running hub keeps the thread
+    rescue Pgbus::Hub::Error => e
+      steps[:second_start] = e.message
+    end
+    steps[:threads_with_the_hub_alone] = ours.call
     listener = Pgbus::Hub::FailoverListener.new(socket_path: socket, connection: TestDatabase.url,
                                                 dispatch_queue: Queue.new, logger: quiet).start
     steps[:threads_running] = ours.call
+    listener.start # idempotent
+    steps[:threads_after_second_starts] = ours.call
     steps[:ensure_listening] = listener.ensure_listening("ev_sub")
     await.call("subscribe.pgbus_hub" => 1)
 

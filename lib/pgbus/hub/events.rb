@@ -26,13 +26,16 @@ module Pgbus
 
       class << self
         # From a hub's or a listener's start (before it runs, so its first events are seen).
+        # True if +owner+ was not held already.
         def retain(owner)
-          return unless defined?(::ActiveSupport::Notifications)
+          return false unless defined?(::ActiveSupport::Notifications)
 
           LOCK.synchronize do
             forget_parent
+            next false if @owners.key?(owner.__id__)
+
             @owners[owner.__id__] = true
-            next if @thread&.alive? && !@stopping
+            next true if @thread&.alive? && !@stopping
 
             # A thread still stopping publishes what is left first.
             @thread&.join(JOIN_SECONDS)
@@ -43,6 +46,7 @@ module Pgbus
             @thread.report_on_exception = false
             # Puma 7+ warns about threads started during app boot unless fork_safe.
             @thread.thread_variable_set(:fork_safe, true)
+            true
           end
         end
 
@@ -102,10 +106,11 @@ module Pgbus
     # Hubs and listeners hold the events thread while they run.
     module EventsOwner
       def start
-        Events.retain(self)
+        retained = Events.retain(self)
         super
       rescue ::Exception # rubocop:disable Lint/RescueException -- released whatever ended the start
-        Events.release(self)
+        # Not for a second start of a running object (MasterHub's raises): it still runs.
+        Events.release(self) if retained
         raise
       end
 
