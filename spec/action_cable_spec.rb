@@ -196,7 +196,7 @@ RSpec.describe "ActionCable adapter pgbus_hub", :puma do
     rubylib = [File.join(ROOT, "lib"), *ENV["RUBYLIB"].to_s.split(File::PATH_SEPARATOR)].join(File::PATH_SEPARATOR)
     out = IO.popen({ "CABLE_URL" => PumaCluster::DATABASE_URL, "RUBYLIB" => rubylib }, [RbConfig.ruby, script], &:read)
     report = JSON.parse(out)
-    threads = ["pgbus-hub listener log", "pgbus-hub listener pump"]
+    threads = ["pgbus-hub events", "pgbus-hub listener log", "pgbus-hub listener pump"]
     # subscribed (success callback), then an inline and a 20 KB broadcast received, in the parent and in the child
     expect(report).to include("parent" => [true, true], "child" => [true, true], "parent_threads" => threads,
                               "inherited" => [], "child_threads" => threads)

@@ -26,6 +26,7 @@ rescue LoadError => e
                    "#{built.sort.join(', ')}): install the source gem (gem install pgbus-hub --platform ruby), " \
                    "or run rake compile in a checkout"
 end
+require_relative "hub/events"
 require_relative "hub/configuration"
 require_relative "hub/boot"
 require_relative "hub/puma_plugin"

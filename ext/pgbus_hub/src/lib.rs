@@ -8,6 +8,7 @@
 
 mod defaults;
 mod errors;
+mod events;
 mod failover_listener;
 mod hub_client;
 mod json;
@@ -45,6 +46,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     master_hub::init(ruby, hub)?;
     hub_client::init(ruby, hub)?;
     failover_listener::init(ruby, hub)?;
+    events::init(hub)?;
     hub.define_module_function("check_connection", function!(check_connection, 1))?;
     hub.define_module_function("database_of", function!(database_of, 1))?;
     Ok(())

@@ -40,6 +40,7 @@ use crate::client::{
     hub_ack_timeout, ClientConfig, ClientError, DrivenReader, HubClient, Listening,
 };
 use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
+use crate::events::{self, Event, Via};
 use crate::listener::{
     listen_ack_timeout, ListenError, ListenerConfig, ListenerHandle, StandaloneListener,
 };
@@ -82,6 +83,17 @@ pub enum Listened {
     NotConfirmed,
     /// No LISTEN can take this name, or the hub refused it: why.
     Refused(String),
+}
+
+impl Listened {
+    /// The `subscribe` event's `outcome`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::NotConfirmed => "not_confirmed",
+            Self::Refused(_) => "refused",
+        }
+    }
 }
 
 /// The names refused so far. Each is logged at ERROR once: app code repeats
@@ -259,17 +271,22 @@ impl FailoverListener {
         if !shared.owner.is_current() {
             return Listened::NotConfirmed; // a forked child: nothing here is its own
         }
+        let asked = Instant::now();
         let serving = {
             let mut state = lock(&shared.state);
             state.subscriptions.insert(queue.to_owned());
             state.serving.clone()
         };
-        let outcome = match serving {
+        let (outcome, via) = match serving {
             Serving::Hub(client) => match client.subscribe_or_cancel(queue, cancel) {
-                Ok(Listening::Active) => Listened::Done,
-                Ok(Listening::AfterReconnect | Listening::Interrupted) => Listened::NotConfirmed,
-                Err(ClientError::Rejected { reason, .. }) => Listened::Refused(reason),
-                Err(ClientError::Interrupted) => Listened::NotConfirmed,
+                Ok(Listening::Active) => (Listened::Done, Some(Via::Hub)),
+                Ok(Listening::AfterReconnect | Listening::Interrupted) => {
+                    (Listened::NotConfirmed, Some(Via::Hub))
+                }
+                Err(ClientError::Rejected { reason, .. }) => {
+                    (Listened::Refused(reason), Some(Via::Hub))
+                }
+                Err(ClientError::Interrupted) => (Listened::NotConfirmed, Some(Via::Hub)),
                 Err(ClientError::Unavailable(_)) => {
                     shared.fail_over();
                     let serving = lock(&shared.state).serving.clone();
@@ -278,6 +295,13 @@ impl FailoverListener {
             },
             serving => shared.listen_on(&serving, queue, cancel),
         };
+        events::emit(Event::Subscribe {
+            queue: queue.to_owned(),
+            duration: asked.elapsed(),
+            via,
+            outcome: outcome.as_str(),
+            state: shared.state(),
+        });
         if let Listened::Refused(reason) = &outcome {
             lock(&shared.state).subscriptions.remove(queue);
             shared.refused.report(&shared.log, queue, reason);
@@ -435,13 +459,19 @@ impl FailoverShared {
         lock(&self.state).state(self.hub.is_some())
     }
 
-    fn listen_on(&self, serving: &Serving, queue: &str, cancel: &Receiver<()>) -> Listened {
+    fn listen_on(
+        &self,
+        serving: &Serving,
+        queue: &str,
+        cancel: &Receiver<()>,
+    ) -> (Listened, Option<Via>) {
         let Serving::Local(local) = serving else {
-            return Listened::NotConfirmed; // stopped, or no local listener could be built
+            // Stopped, or no local listener could be built.
+            return (Listened::NotConfirmed, None);
         };
         let timeout = listen_ack_timeout(self.listener.health_check);
         let asked = Instant::now();
-        match local.listen_or_cancel(queue, timeout, cancel) {
+        let listened = match local.listen_or_cancel(queue, timeout, cancel) {
             Ok(()) => Listened::Done,
             Err(error) if error.is_invalid_name() => Listened::Refused(error.to_string()),
             // A cancelled wait reports Timeout too: only a wait that ran its course is logged.
@@ -453,7 +483,8 @@ impl FailoverShared {
                 Listened::NotConfirmed
             }
             Err(_) => Listened::NotConfirmed,
-        }
+        };
+        (listened, Some(Via::OwnConnection))
     }
 
     /// The local listener, started (connecting in the background); None,
@@ -508,9 +539,10 @@ impl FailoverShared {
             }
             state.failed_over = true;
         }
+        let began = Instant::now();
         let Some(local) = self.start_local() else {
             lock(&self.state).serving = Serving::Nobody;
-            return;
+            return self.emit_fail_over(began, 0, 0);
         };
         let Some(engine) = local.handle() else { return };
         let mut replayed = HashSet::new();
@@ -537,6 +569,7 @@ impl FailoverShared {
         }
         // What the hub would have woken since it failed reached nobody.
         let woken = self.wake_all(&replayed);
+        self.emit_fail_over(began, replayed.len(), woken);
         self.log.info(format!(
             "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed, \
              {woken} queue(s) woken to re-read what was committed meanwhile) state={}",
@@ -544,6 +577,15 @@ impl FailoverShared {
             self.state(),
         ));
         self.start_fail_back();
+    }
+
+    fn emit_fail_over(&self, began: Instant, subscriptions: usize, woken: usize) {
+        events::emit(Event::FailOver {
+            state: self.state(),
+            subscriptions,
+            woken,
+            duration: began.elapsed(),
+        });
     }
 
     /// One durable wake per queue, now that it is LISTENed on the side that

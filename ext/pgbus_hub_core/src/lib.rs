@@ -24,6 +24,7 @@
 pub mod client;
 pub mod conninfo;
 pub mod delivery;
+pub mod events;
 pub mod failover;
 pub mod hub;
 pub mod listener;

@@ -166,6 +166,9 @@ impl Inner {
                 let mut state = lock(&self.state);
                 if state.dead_reason.is_none() {
                     let was = self.healthy.swap(healthy, Ordering::AcqRel);
+                    if was != healthy {
+                        crate::events::emit(crate::events::Event::HubHealth { healthy });
+                    }
                     if was && !healthy {
                         // Nobody waits out ack_timeout for a LISTEN that needs a reconnect first.
                         state.waiters.answer_all(&Outcome::HubUnhealthy);

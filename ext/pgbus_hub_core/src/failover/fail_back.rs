@@ -72,6 +72,7 @@ impl FailoverShared {
         socket_path: &std::path::Path,
         stop: &Receiver<()>,
     ) -> FailBackAttempt {
+        let began = Instant::now();
         let mut reader = Some(Arc::new(reader));
         let mut subscribed: HashSet<String> = HashSet::new();
         loop {
@@ -107,6 +108,12 @@ impl FailoverShared {
                         local.stop();
                     }
                     let woken = self.wake_all(&subscribed);
+                    events::emit(Event::FailBack {
+                        state: FailoverState::OnHub,
+                        subscriptions: subscribed.len(),
+                        woken,
+                        duration: began.elapsed(),
+                    });
                     self.log.info(format!(
                         "[pgbus-hub] back on the master hub at {} ({} subscription(s) acked by it, \
                          {woken} queue(s) woken to re-read what was committed meanwhile); \

@@ -133,7 +133,10 @@ impl Router {
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Wake(wake) => self.deliver(wake),
-            Event::CatchUp(queues) => self.catch_up(queues),
+            Event::CatchUp(queues) => {
+                crate::events::reconnected(queues.len(), &self.shared.listener);
+                self.catch_up(queues)
+            }
             Event::Healthy(healthy) => {
                 if self.shared.healthy.swap(healthy, Ordering::Relaxed) != healthy {
                     self.broadcast_status();
@@ -391,11 +394,14 @@ impl Router {
             return;
         };
         for worker in workers {
-            worker.offer(
+            let offered = worker.offer(
                 &self.shared.backpressure,
                 frame.clone(),
                 wake.is_droppable(),
             );
+            if offered == super::outbox::Enqueued::Dropped {
+                crate::events::dropped(worker.id, worker.peer_pid(), &wake.queue);
+            }
         }
     }
 

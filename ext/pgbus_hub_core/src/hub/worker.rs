@@ -115,6 +115,7 @@ impl WorkerConnection {
         let outcome = backpressure.offer(&mut outbox, frame, droppable, &|| self.label());
         if outcome == Enqueued::Evicted && outbox.close() {
             sever(self.fd);
+            crate::events::evicted(self.id, self.peer_pid);
         }
         drop(outbox);
         if matches!(outcome, Enqueued::Queued | Enqueued::Evicted) {
