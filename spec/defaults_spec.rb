@@ -55,6 +55,27 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
     expect(tuning - documented).to eq([])
   end
 
+  # docs/architecture.md's chain 4b: an option the workers must honour reaches every worker's listener
+  # only through Pgbus::Hub.listener_keywords. The keyword lists are the schema's (options.rs), read
+  # through Pgbus::Hub.options: its Hash has every keyword of the class, defaults filled.
+  it "passes the workers, through listener_keywords, every hub option both listener classes take, and no other" do
+    keywords = ->(owner, required) { Pgbus::Hub.options(owner, required).keys }
+    listener = keywords.call("Listener", { connection: "dbname=x", dispatch_queue: [] })
+    failover = keywords.call("FailoverListener", { connection: "dbname=x", dispatch_queue: [], socket_path: "/x" })
+    hub = keywords.call("MasterHub", { connection: "dbname=x", socket_path: "/x" }) | Pgbus::Hub::Configuration.members
+    # Every key a hub's options can hold (master_options' shape adds :scope and :source), each its own value.
+    options = (hub | listener | failover | Pgbus::Hub.configuration.master_options.keys).to_h { |key| [key, key] }
+    passed = Pgbus::Hub.listener_keywords(options)
+    expect(passed.keys - (listener & failover)).to eq([]) # each one reaches both classes
+    expect(passed).to eq(passed.keys.to_h { |key| [key, key] }) # as given
+    # The worker's own objects: worker_listener's caller gives them (a logger: Pgbus::Hub.listener).
+    given_by_the_worker = %i[dispatch_queue logger on_listening]
+    expect((listener & failover & hub) - given_by_the_worker - passed.keys).to eq([]) # none stays behind
+    doc = File.read(File.expand_path("../docs/configuration.md", __dir__))
+    honoured = doc[/^\*\*The workers honour\*\* ([^:]*):/, 1].to_s.scan(/`(\w+)`/).flatten.map(&:to_sym)
+    expect(honoured).to match_array(passed.keys)
+  end
+
   it "refuses a bad keyword by name, in every constructor and in configure" do
     expect { Pgbus::Hub.options("HubClient", { socket_path: "/x" }) }
       .to raise_error(ArgumentError, "HubClient: missing required option(s) :dispatch_queue")

@@ -5,9 +5,7 @@
 //! (marked by the object, so the GC sees them).
 
 use crate::errors::arg_error;
-use crate::pump::Outputs;
-use magnus::gc::Marker;
-use magnus::value::Opaque;
+use crate::pump::{Outputs, Targets};
 use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::metrics::MetricsConfig;
@@ -515,49 +513,6 @@ impl FailoverListenerOptions {
             listener: ListenerOptions::parse(ruby, resolved)?,
             socket_path: resolved.lookup(ruby.to_symbol("socket_path"))?,
         })
-    }
-}
-
-/// The Ruby objects among an object's keywords: where its wakes, failure,
-/// listen confirmations and log records go, and the error class it raises.
-/// None where the keyword is nil (or false) or not one of the class's.
-#[derive(Default)]
-pub struct Targets {
-    pub dispatch_queue: Option<Opaque<Value>>,
-    pub logger: Option<Opaque<Value>>,
-    pub on_failure: Option<Opaque<Value>>,
-    pub on_listening: Option<Opaque<Value>>,
-}
-
-impl Targets {
-    pub fn parse(ruby: &Ruby, resolved: RHash) -> Self {
-        let object = |key: &str| {
-            resolved
-                .get(ruby.to_symbol(key))
-                .filter(|value| value.to_bool())
-                .map(Opaque::from)
-        };
-        Self {
-            dispatch_queue: object("dispatch_queue"),
-            logger: object("logger"),
-            on_failure: object("on_failure"),
-            on_listening: object("on_listening"),
-        }
-    }
-
-    /// Called from the owner's `DataTypeFunctions::mark`.
-    pub fn mark(&self, marker: &Marker) {
-        for value in [
-            self.dispatch_queue,
-            self.logger,
-            self.on_failure,
-            self.on_listening,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            marker.mark(value);
-        }
     }
 }
 

@@ -9,10 +9,9 @@
 use crate::errors::panicked;
 use crate::logs::LogPump;
 use crate::nogvl::nogvl;
-use crate::options::Targets;
 use magnus::gc::Marker;
 use magnus::value::{Lazy, Opaque};
-use magnus::{kwargs, prelude::*, Error, RArray, RClass, Ruby, Value};
+use magnus::{kwargs, prelude::*, Error, RArray, RClass, RHash, Ruby, Value};
 use pgbus_hub_core::delivery::{Delivery, WakeSource};
 use pgbus_hub_core::log::Record;
 use pgbus_hub_core::process::Owner;
@@ -193,6 +192,50 @@ fn survive(ruby: &Ruby, logger: Value, what: &str, error: Error) -> Result<(), E
         format!("[pgbus-hub] {what} raised {raised}"),
     );
     Ok(())
+}
+
+/// The Ruby objects among an object's resolved keywords (`options::initialize`
+/// aims its [`Outputs`] at them): where its wakes, failure, listen
+/// confirmations and log records go. None where the keyword is nil (or
+/// false) or not one of the class's.
+#[derive(Default)]
+pub struct Targets {
+    pub dispatch_queue: Option<Opaque<Value>>,
+    pub logger: Option<Opaque<Value>>,
+    pub on_failure: Option<Opaque<Value>>,
+    pub on_listening: Option<Opaque<Value>>,
+}
+
+impl Targets {
+    pub fn parse(ruby: &Ruby, resolved: RHash) -> Self {
+        let object = |key: &str| {
+            resolved
+                .get(ruby.to_symbol(key))
+                .filter(|value| value.to_bool())
+                .map(Opaque::from)
+        };
+        Self {
+            dispatch_queue: object("dispatch_queue"),
+            logger: object("logger"),
+            on_failure: object("on_failure"),
+            on_listening: object("on_listening"),
+        }
+    }
+
+    /// Called from the owner's `DataTypeFunctions::mark`.
+    pub fn mark(&self, marker: &Marker) {
+        for value in [
+            self.dispatch_queue,
+            self.logger,
+            self.on_failure,
+            self.on_listening,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            marker.mark(value);
+        }
+    }
 }
 
 /// The two streams a native object hands to its Ruby threads (`threads`):
