@@ -167,7 +167,8 @@ pub fn unread_bytes(fd: RawFd) -> Option<usize> {
 }
 
 /// Whether [`unread_bytes_candidate`] is known to count a Unix stream's
-/// unread bytes on this OS (its test shows it).
+/// unread bytes on this OS (its test shows it). The hub's `limits` report
+/// the catch-up throttle off (`catch_up_unread_limit` null) where it is not.
 pub const UNREAD_BYTES_TRUSTED: bool = cfg!(target_os = "linux");
 
 /// The OS's measure of a socket's unsent or unread bytes, trusted or not.

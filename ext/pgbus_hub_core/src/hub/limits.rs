@@ -118,23 +118,31 @@ impl Limits {
     /// The stats' `limits` object: durations in seconds, sizes in bytes, the rest counts.
     pub fn to_json(&self) -> Value {
         let seconds = |d: Duration| Value::from(d.as_secs_f64());
-        let mut object = Map::new();
-        let mut put = |key: &str, value: Value| {
-            object.insert(key.into(), value);
-        };
-        put("durable_queue_limit", self.durable_queue_limit.into());
-        put("hard_queue_limit", self.hard_queue_limit.into());
-        put("frames_per_batch", self.frames_per_batch.into());
-        put("catch_up_unread_limit", self.catch_up_unread_limit.into());
-        put("catch_up_poll_first", seconds(self.catch_up_poll_first));
-        put("catch_up_poll_max", seconds(self.catch_up_poll_max));
-        put("status_interval", seconds(self.status_interval));
-        put("max_frame_bytes", self.max_frame_bytes.into());
-        put("frame_completion_timeout", seconds(self.frame_completion_timeout));
-        put("max_pending_subs", self.max_pending_subs.into());
-        put("command_queue", self.command_queue.into());
-        put("max_channels_per_connection", self.max_channels_per_connection.into());
-        put("max_channels", self.max_channels.into());
+        let fields = [
+            ("durable_queue_limit", self.durable_queue_limit.into()),
+            ("hard_queue_limit", self.hard_queue_limit.into()),
+            ("frames_per_batch", self.frames_per_batch.into()),
+            ("catch_up_unread_limit", self.catch_up_unread_limit.into()),
+            ("catch_up_poll_first", seconds(self.catch_up_poll_first)),
+            ("catch_up_poll_max", seconds(self.catch_up_poll_max)),
+            ("status_interval", seconds(self.status_interval)),
+            ("max_frame_bytes", self.max_frame_bytes.into()),
+            (
+                "frame_completion_timeout",
+                seconds(self.frame_completion_timeout),
+            ),
+            ("max_pending_subs", self.max_pending_subs.into()),
+            ("command_queue", self.command_queue.into()),
+            (
+                "max_channels_per_connection",
+                self.max_channels_per_connection.into(),
+            ),
+            ("max_channels", self.max_channels.into()),
+        ];
+        let object: Map<String, Value> = fields
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
         object.into()
     }
 }
@@ -208,11 +216,15 @@ mod tests {
     fn documented() -> Vec<(String, String, bool)> {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
         let text = std::fs::read_to_string(path).unwrap();
-        let section = text.split("\n## Limits\n").nth(1).expect("a ## Limits section");
+        let section = text
+            .split("\n## Limits\n")
+            .nth(1)
+            .expect("a ## Limits section");
         section
             .lines()
             .skip_while(|line| !line.starts_with('|'))
             .take_while(|line| line.starts_with('|'))
+            .skip(2) // the header and its rule
             .filter_map(|line| {
                 let cells: Vec<&str> = line.split('|').map(str::trim).collect();
                 let name = cells.get(1)?.strip_prefix('`')?.split('`').next()?;
