@@ -167,8 +167,9 @@ pub fn unread_bytes(fd: RawFd) -> Option<usize> {
 }
 
 /// Whether [`unread_bytes_candidate`] is known to count a Unix stream's
-/// unread bytes on this OS (its test shows it).
-const UNREAD_BYTES_TRUSTED: bool = cfg!(target_os = "linux");
+/// unread bytes on this OS (its test shows it). The hub's `limits` report
+/// the catch-up throttle off (`catch_up_unread_limit` null) where it is not.
+pub const UNREAD_BYTES_TRUSTED: bool = cfg!(target_os = "linux");
 
 /// The OS's measure of a socket's unsent or unread bytes, trusted or not.
 #[cfg(target_os = "linux")]

@@ -10,6 +10,7 @@
 //!   subs, routes wakes, broadcasts health. Workers talk to it by command.
 //! - [`pending`]: subs waiting for their LISTEN, and the outage rule (pure state).
 //! - [`supervisor`]: the LISTEN engine, restarted if it ends on its own.
+//! - [`limits`]: every budget a worker's frames pass through, and the set one hub applies.
 //! - [`outbox`]: the backpressure policy (limits, drops, evictions), one function.
 //! - [`registry`]: queue -> workers, refcounted (last ref out UNLISTENs).
 //! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
@@ -18,6 +19,7 @@
 //! - [`metrics`]: the stats as Prometheus metrics, and `GET /metrics` (a thread of its own).
 
 mod command;
+pub mod limits;
 pub mod metrics;
 mod outbox;
 mod pending;
@@ -34,6 +36,7 @@ use crate::owned_thread::{OwnedThread, Stopped};
 use crate::process::Owner;
 use crate::shutdown::{shutdown, Shutdown};
 use crate::sync::lock;
+use limits::Limits;
 use metrics::{AckHistogram, AckTimes, MetricsConfig};
 use outbox::Backpressure;
 use router::Router;
@@ -43,24 +46,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use outbox::{DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT};
+pub use limits::{
+    DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT, DEFAULT_MAX_CHANNELS,
+    DEFAULT_MAX_CHANNELS_PER_CONNECTION, DEFAULT_STATUS_INTERVAL, MAX_PENDING_SUBS,
+};
 pub use stale::stale_sockets;
-pub use worker::MAX_PENDING_SUBS;
-
-/// Between `status` broadcasts (pgbus's hub's `status_interval` default: it
-/// checks health this often): a change reaches workers within a second.
-pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Channels one connection may have the hub LISTEN on. PostgreSQL matches
-/// every NOTIFY against the listening backend's channel list by a linear scan
-/// (async.c), so the set's size is paid on every notification, for the whole
-/// host: a peer of our uid must not grow it without bound. pgbus subscribes one
-/// queue per stream a worker serves; 10,000 is far above what a worker serves.
-pub const DEFAULT_MAX_CHANNELS_PER_CONNECTION: usize = 10_000;
-
-/// Channels the hub LISTENs on in all (the host-wide LISTEN set): several
-/// workers' full share, still a list PostgreSQL scans in well under a millisecond.
-pub const DEFAULT_MAX_CHANNELS: usize = 50_000;
 
 /// How long `stop` waits for the metrics endpoint's thread (told at once, it ends at its next poll).
 const METRICS_STOP: Duration = Duration::from_secs(2);
@@ -79,6 +69,7 @@ pub struct HubConfig {
     pub socket_path: PathBuf,
     /// Between `status{healthy}` broadcasts (also sent on connect and on every change).
     pub status_interval: Duration,
+    /// These four and `status_interval`: what the hub applies is its [`Limits`].
     pub durable_queue_limit: usize,
     pub hard_queue_limit: usize,
     /// Past these a sub that would add a channel is refused with a `nack`.
@@ -130,6 +121,8 @@ pub struct HubStats {
     /// Where `GET /metrics` is served (None: not configured, or it could not bind).
     pub metrics_address: Option<std::net::SocketAddr>,
     pub uptime: Duration,
+    /// The budgets this hub applies (fixed for its life).
+    pub limits: Limits,
 }
 
 fn unix_seconds(time: Option<SystemTime>) -> serde_json::Value {
@@ -179,6 +172,7 @@ impl HubStats {
         );
         put("uptime", self.uptime.as_secs_f64().into());
         put("pid", std::process::id().into());
+        put("limits", self.limits.to_json());
         fields
     }
 }
@@ -187,6 +181,7 @@ impl HubStats {
 /// (read from any thread): counters, the health flag, the backpressure policy.
 pub(crate) struct HubShared {
     log: LogSink,
+    limits: Limits,
     backpressure: Backpressure,
     healthy: AtomicBool,
     /// Published by the router after every change (monitors not counted).
@@ -214,12 +209,10 @@ pub(crate) struct HubShared {
 impl HubShared {
     fn new(config: &HubConfig) -> Self {
         let log = config.listener.log.clone();
+        let limits = Limits::new(config);
         Self {
-            backpressure: Backpressure::new(
-                config.durable_queue_limit,
-                config.hard_queue_limit,
-                log.clone(),
-            ),
+            backpressure: Backpressure::new(&limits, log.clone()),
+            limits,
             log,
             healthy: AtomicBool::new(false),
             workers: AtomicUsize::new(0),
@@ -269,6 +262,7 @@ impl HubShared {
             backend: listener.and_then(ListenerStats::backend),
             metrics_address: self.metrics_address.get().copied(),
             uptime: self.started.elapsed(),
+            limits: self.limits.clone(),
         }
     }
 }
@@ -491,5 +485,5 @@ async fn run(
         router.commands(),
         shutdown.clone(),
     ));
-    router.run(inputs, config.status_interval, shutdown).await;
+    router.run(inputs, shutdown).await;
 }

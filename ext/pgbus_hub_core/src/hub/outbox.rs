@@ -17,15 +17,12 @@
 //! owe them all without starving live wakes or losing the catch-up to the
 //! durable limit.
 
+use super::limits::Limits;
 use crate::log::LogSink;
 use crate::protocol::Frame;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
-
-/// pgbus's defaults (MasterHub::DEFAULT_DURABLE_QUEUE_LIMIT / DEFAULT_HARD_QUEUE_LIMIT).
-pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
-pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
 
 /// Log the first dropped durable wake and then every this many: a stuck
 /// worker drops thousands a second, and one line per hundred still shows the rate.
@@ -153,7 +150,8 @@ impl Outbox {
     }
 }
 
-/// The limits and what applying them has cost so far (shown in the hub's stats).
+/// The queue limits (of [`Limits`]) and what applying them has cost so far
+/// (shown in the hub's stats).
 pub struct Backpressure {
     durable_limit: usize,
     hard_limit: usize,
@@ -163,10 +161,10 @@ pub struct Backpressure {
 }
 
 impl Backpressure {
-    pub fn new(durable_limit: usize, hard_limit: usize, log: LogSink) -> Self {
+    pub fn new(limits: &Limits, log: LogSink) -> Self {
         Self {
-            durable_limit,
-            hard_limit,
+            durable_limit: limits.durable_queue_limit,
+            hard_limit: limits.hard_queue_limit,
             dropped: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             log,

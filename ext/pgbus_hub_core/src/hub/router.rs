@@ -6,6 +6,7 @@
 //! needs no lock.
 
 use super::command::{Command, Commands};
+use super::limits::COMMAND_QUEUE;
 use super::pending::{PendingSubs, Sub};
 use super::registry::Registry;
 use super::supervisor::{EngineSupervisor, FromEngine};
@@ -17,26 +18,11 @@ use crate::shutdown::Shutdown;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// Commands queued from workers' readers and the accept loop. Bounded, so a
-/// peer flooding frames waits on its own reader instead of growing the hub's
-/// memory; a socket buffer's worth of small frames fits.
-const COMMAND_QUEUE: usize = 4096;
 
 /// Raw channel names a stats answer lists: enough to recognise an app's
 /// channels at a glance, small enough for a terminal and for a hub with thousands.
 const STATS_RAW_CHANNEL_NAMES: usize = 20;
-
-/// A zero status interval would spin; 10 ms is far below any useful health cadence.
-const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(10);
-
-/// The channel caps (see [`super::DEFAULT_MAX_CHANNELS`]).
-struct Caps {
-    per_connection: usize,
-    host: usize,
-}
 
 pub struct Router {
     shared: Arc<HubShared>,
@@ -51,7 +37,6 @@ pub struct Router {
     pending: PendingSubs,
     next_worker: WorkerId,
     engine: EngineSupervisor,
-    caps: Caps,
     commands: Commands,
 }
 
@@ -74,10 +59,6 @@ impl Router {
             pending: PendingSubs::default(),
             next_worker: 1,
             engine,
-            caps: Caps {
-                per_connection: config.max_channels_per_connection,
-                host: config.max_channels,
-            },
             commands,
         };
         let inputs = Inputs {
@@ -95,14 +76,9 @@ impl Router {
     /// restarts the LISTEN engine if it ever ends on its own (pgbus's Ruby hub
     /// never does, and the host goes deaf). Then closes every worker and stops
     /// the engine.
-    pub async fn run(
-        mut self,
-        mut inputs: Inputs,
-        status_interval: Duration,
-        mut shutdown: Shutdown,
-    ) {
+    pub async fn run(mut self, mut inputs: Inputs, mut shutdown: Shutdown) {
         self.engine.start();
-        let mut ticker = tokio::time::interval(status_interval.max(MIN_STATUS_INTERVAL));
+        let mut ticker = tokio::time::interval(self.shared.limits.status_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -254,19 +230,20 @@ impl Router {
         if self.registry.routes(worker.id, queue) {
             return None;
         }
+        let limits = &self.shared.limits;
         let own = self.registry.queue_count_of(worker.id);
-        if own >= self.caps.per_connection {
+        if own >= limits.max_channels_per_connection {
             return Some(format!(
                 "this connection already has the hub LISTEN on {own} channels \
                  (max_channels_per_connection {})",
-                self.caps.per_connection
+                limits.max_channels_per_connection
             ));
         }
         let all = self.registry.queue_count();
-        if !self.registry.has_queue(queue) && all >= self.caps.host {
+        if !self.registry.has_queue(queue) && all >= limits.max_channels {
             return Some(format!(
                 "the hub already LISTENs on {all} channels (max_channels {})",
-                self.caps.host
+                limits.max_channels
             ));
         }
         None

@@ -3,6 +3,10 @@
 //! Neither ever blocks another worker.
 
 use super::command::{Command, Commands};
+use super::limits::{
+    CATCH_UP_POLL_FIRST, CATCH_UP_POLL_MAX, CATCH_UP_UNREAD_LIMIT, FRAMES_PER_BATCH,
+    FRAME_COMPLETION_TIMEOUT, MAX_PENDING_SUBS,
+};
 use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
 use super::HubShared;
@@ -14,36 +18,11 @@ use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::net::UnixStream;
 use tokio::sync::Notify;
 
 pub use super::registry::WorkerId;
-
-/// Frames one write takes from the outbox: a socket buffer's worth of typical
-/// wakes per writev(2), so a backlog drains in few syscalls.
-const FRAMES_PER_BATCH: usize = 256;
-
-/// Catch-up wakes are written only while the worker has less than this unread
-/// (SIOCOUTQ, kernel overhead included): enough that it never waits for them,
-/// little enough that a live wake queued behind them waits at most a few
-/// hundred frames (a hub owing 50k catch-up wakes once let a live wake wait
-/// 40 ms behind a full socket buffer of them).
-const CATCH_UP_UNREAD_LIMIT: usize = 16 * 1024;
-
-/// How soon a writer with catch-up owed, but a worker still reading the last
-/// of them, looks again (a live frame wakes it at once): 1 ms, doubling to
-/// 64 ms while the worker reads nothing, so a stalled one costs little.
-const CATCH_UP_POLL_FIRST: Duration = Duration::from_millis(1);
-const CATCH_UP_POLL_MAX: Duration = Duration::from_millis(64);
-
-/// A peer that starts a frame must finish it within this time; half a frame
-/// then silence is an attack or a dead peer, not a slow worker.
-const FRAME_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Unacked subs one worker may have in flight. pgbus waits for each ack per
-/// request thread (a few dozen at most); far more is a flood and is cut off.
-pub const MAX_PENDING_SUBS: usize = 1024;
 
 pub struct WorkerConnection {
     pub id: WorkerId,
