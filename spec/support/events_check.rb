@@ -45,6 +45,12 @@ Timeout.timeout(90) do
       steps[:second_start] = e.message
     end
     steps[:threads_with_the_hub_alone] = ours.call
+    # Only this hub's own LISTEN backend, in this run's database: a reconnect with no queue
+    # subscribed is one too (queues: 0).
+    terminate = -> { TestDatabase.with { |conn| conn.exec_params("select pg_terminate_backend($1)", [hub.stats[:backend_pid]]) } }
+    terminate.call
+    await.call("reconnect.pgbus_hub" => 1)
+    wait_for("hub healthy again") { hub.stats[:listener_healthy] }
     listener = Pgbus::Hub::FailoverListener.new(socket_path: socket, connection: TestDatabase.url,
                                                 dispatch_queue: Queue.new, logger: quiet).start
     steps[:threads_running] = ours.call
@@ -53,9 +59,8 @@ Timeout.timeout(90) do
     steps[:ensure_listening] = listener.ensure_listening("ev_sub")
     await.call("subscribe.pgbus_hub" => 1)
 
-    # Only this hub's own LISTEN backend, in this run's database.
-    TestDatabase.with { |conn| conn.exec_params("select pg_terminate_backend($1)", [hub.stats[:backend_pid]]) }
-    await.call("reconnect.pgbus_hub" => 1, "hub_health.pgbus_hub" => 2) # false, then true
+    terminate.call
+    await.call("reconnect.pgbus_hub" => 2, "hub_health.pgbus_hub" => 2) # false, then true
 
     # A worker that never reads: its socket fills, then its outbox: durable
     # wakes over the limit are dropped, then past the hard limit it is evicted.

@@ -121,7 +121,8 @@ pub enum Event {
     /// (raw channels excepted), each owed one durable wake so its subscribers
     /// re-read what was committed while nothing listened. One event, not a
     /// wake per queue, so a hub can pace tens of thousands of them behind
-    /// live wakes instead of dropping them as backpressure.
+    /// live wakes instead of dropping them as backpressure. Sent after every
+    /// reconnect, empty when the listen set holds no queue.
     CatchUp(Vec<Arc<str>>),
 }
 

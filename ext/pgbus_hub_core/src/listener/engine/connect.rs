@@ -157,9 +157,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             .cloned()
             .collect();
         let woken = queues.len();
-        if woken > 0 {
-            (self.on_event)(Event::CatchUp(queues));
-        }
+        // Sent even when empty: it is also how the hub learns of the reconnect
+        // (its `reconnect.pgbus_hub` event), subscribed queues or not.
+        (self.on_event)(Event::CatchUp(queues));
         woken
     }
 
