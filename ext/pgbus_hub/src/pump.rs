@@ -1,5 +1,5 @@
 //! Hands wakes from native code to the Ruby pump thread (started in
-//! `threads`): `deliver` waits without the GVL on a
+//! `threads`): [`Pump::hand_batch_to_ruby`] waits without the GVL on a
 //! [`WakeSource`] (the hub client's socket, or a listener's channel) and is
 //! interrupted by Thread#kill / stop through `WakeSource::interrupt`; back
 //! on the pump's Ruby thread it builds the wakes in the class pgbus expects
@@ -106,7 +106,7 @@ impl Pump {
     /// ephemeral payload as a durable wake (its stream re-reads), with one
     /// warning. A StandardError raised by one of them is logged and the
     /// batch goes on. False once closed.
-    fn deliver(&self, ruby: &Ruby, outputs: &Outputs) -> Result<bool, Error> {
+    fn hand_batch_to_ruby(&self, ruby: &Ruby, outputs: &Outputs) -> Result<bool, Error> {
         let batch = nogvl(
             || self.source.next_batch(BATCH, POLL),
             || self.source.interrupt(),
@@ -314,8 +314,10 @@ impl Outputs {
         }
     }
 
-    pub fn deliver(&self, ruby: &Ruby) -> Result<bool, Error> {
-        current(&self.pump).map_or(Ok(false), |pump| pump.deliver(ruby, self))
+    /// The pump thread's one call, looped until false (as `drain_logs` is
+    /// the log thread's): the open pump's next batch to Ruby; false once closed.
+    pub fn pump_wakes(&self, ruby: &Ruby) -> Result<bool, Error> {
+        current(&self.pump).map_or(Ok(false), |pump| pump.hand_batch_to_ruby(ruby, self))
     }
 
     pub fn drain_logs(&self, ruby: &Ruby, logger: Value) -> Result<bool, Error> {

@@ -2,7 +2,7 @@
 //! FailoverListener): a log thread handing records to the `logger:` option
 //! and, when there is a `dispatch_queue:`, a pump handing it the wakes. Each
 //! is a Ruby thread looping on one native call that waits without the GVL
-//! ([`Outputs::drain_logs`], [`Outputs::deliver`]), kept in the object's
+//! ([`Outputs::drain_logs`], [`Outputs::pump_wakes`]), kept in the object's
 //! `@log_thread` / `@pump` (GC-visible, and the thread holds the object as
 //! its argument). `stop` closes the native side, then joins them (bounded) in
 //! the creating process only: a forked child never touches its parent's threads.
@@ -68,7 +68,7 @@ fn spawn(
 /// The pump thread's body (`Thread.new(owner)`).
 fn pump<T: NativeObject>(ruby: &Ruby, args: &[Value], _block: Option<Proc>) -> Result<(), Error> {
     let owner = Obj::<T>::try_convert(args[0])?;
-    while owner.outputs().deliver(ruby)? {}
+    while owner.outputs().pump_wakes(ruby)? {}
     Ok(())
 }
 

@@ -35,6 +35,11 @@
 //! the subscription is kept), or [`Listened::Refused`] for a name no LISTEN
 //! can take or a hub's nack (logged at ERROR the first time per name; the
 //! subscription is dropped, never replayed).
+//!
+//! One job per file: this one the API and the pump's [`FailoverWakes`];
+//! `fail_over.rs` (the hub failed), `fail_back.rs` (it answers again),
+//! `async_listens.rs` (`listen_async`'s thread), `state.rs` (the
+//! [`FailoverState`] words and the table deriving them).
 
 use crate::client::{
     hub_ack_timeout, ClientConfig, ClientError, DrivenReader, HubClient, Listening,
@@ -52,10 +57,12 @@ use crate::sync::lock;
 
 mod async_listens;
 mod fail_back;
+mod fail_over;
 mod state;
 use async_listens::run_async_listens;
 use crossbeam_channel::{Receiver, Sender};
 pub use state::FailoverState;
+use state::{Serving, State};
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,40 +122,6 @@ pub struct FailoverConfig {
     /// The fallback's connection, health check and channel names; its
     /// health check also sets both ack budgets (pgbus's formulas).
     pub listener: ListenerConfig,
-}
-
-/// Who serves subscriptions now.
-#[derive(Clone)]
-enum Serving {
-    Hub(Arc<HubClient>),
-    Local(Arc<StandaloneListener>),
-    /// The local listener could not be built, or `stop` ran.
-    Nobody,
-}
-
-struct State {
-    serving: Serving,
-    subscriptions: HashSet<String>,
-    /// Set by a fail-over (whatever it came to), cleared by a fail-back.
-    failed_over: bool,
-    /// A fail-back attempt is subscribing through a hub that answered.
-    failing_back: bool,
-    stopped: bool,
-}
-
-impl State {
-    /// The one place the [`FailoverState`] is read off the fields.
-    fn state(&self, had_hub: bool) -> FailoverState {
-        match &self.serving {
-            _ if self.stopped => FailoverState::Stopped,
-            Serving::Hub(_) if self.failed_over => FailoverState::FailingOver,
-            Serving::Hub(_) => FailoverState::OnHub,
-            Serving::Local(_) if self.failing_back => FailoverState::FailingBack,
-            Serving::Local(_) if had_hub => FailoverState::FailedOver,
-            Serving::Local(_) => FailoverState::Standalone,
-            Serving::Nobody => FailoverState::Unserved,
-        }
-    }
 }
 
 /// What the `listen_async` thread is asked, in order.
@@ -485,119 +458,6 @@ impl FailoverShared {
             Err(_) => Listened::NotConfirmed,
         };
         (listened, Some(Via::OwnConnection))
-    }
-
-    /// The local listener, started (connecting in the background); None,
-    /// logged, when its thread cannot start.
-    fn start_local(&self) -> Option<Arc<StandaloneListener>> {
-        match StandaloneListener::start(self.listener.clone(), self.local_wakes.clone()) {
-            Ok(local) => Some(Arc::new(local)),
-            Err(error) => {
-                self.log.error(format!(
-                    "[pgbus-hub] per-worker listener failed to start ({error}) — streams degraded until this worker recycles state={}",
-                    FailoverState::Unserved
-                ));
-                None
-            }
-        }
-    }
-
-    /// Asks the engine for each LISTEN and waits for the answers, at most
-    /// one LISTEN budget for the lot: an engine still connecting (the
-    /// database down) keeps them and runs them when it connects.
-    fn replay(&self, engine: &ListenerHandle, queues: &[String]) {
-        let (answered, answers) = crossbeam_channel::unbounded();
-        for queue in queues {
-            let answered = answered.clone();
-            engine.listen_then(queue, move |_| {
-                let _ = answered.send(());
-            });
-        }
-        let budget = listen_ack_timeout(self.listener.health_check);
-        let deadline = Instant::now() + budget;
-        let confirmed = (0..queues.len())
-            .take_while(|_| answers.recv_deadline(deadline).is_ok())
-            .count();
-        if confirmed < queues.len() {
-            self.log.warn(format!(
-                "[pgbus-hub] {} replayed LISTEN(s) not confirmed within {:?}s; the per-worker listener runs them once connected",
-                queues.len() - confirmed,
-                budget.as_secs_f64()
-            ));
-        }
-    }
-
-    /// Idempotent: builds the local listener, replays every recorded
-    /// subscription on it and swaps it in, then starts probing for the hub
-    /// (see the module doc).
-    fn fail_over(self: &Arc<Self>) {
-        let _one = lock(&self.failing_over);
-        {
-            let mut state = lock(&self.state);
-            if state.stopped || state.failed_over {
-                return;
-            }
-            state.failed_over = true;
-        }
-        let began = Instant::now();
-        let Some(local) = self.start_local() else {
-            lock(&self.state).serving = Serving::Nobody;
-            return self.emit_fail_over(began, 0, 0);
-        };
-        let Some(engine) = local.handle() else { return };
-        let mut replayed = HashSet::new();
-        loop {
-            let pending: Vec<String> = {
-                let mut state = lock(&self.state);
-                if state.stopped {
-                    drop(state);
-                    local.stop();
-                    return;
-                }
-                let pending: Vec<String> =
-                    state.subscriptions.difference(&replayed).cloned().collect();
-                if pending.is_empty() {
-                    state.serving = Serving::Local(Arc::clone(&local));
-                }
-                pending
-            };
-            if pending.is_empty() {
-                break;
-            }
-            self.replay(engine, &pending);
-            replayed.extend(pending);
-        }
-        // What the hub would have woken since it failed reached nobody.
-        let woken = self.wake_all(&replayed);
-        self.emit_fail_over(began, replayed.len(), woken);
-        self.log.info(format!(
-            "[pgbus-hub] failed over to a per-worker listener ({} subscription(s) re-LISTENed, \
-             {woken} queue(s) woken to re-read what was committed meanwhile) state={}",
-            replayed.len(),
-            self.state(),
-        ));
-        self.start_fail_back();
-    }
-
-    fn emit_fail_over(&self, began: Instant, subscriptions: usize, woken: usize) {
-        events::emit(Event::FailOver {
-            state: self.state(),
-            subscriptions,
-            woken,
-            duration: began.elapsed(),
-        });
-    }
-
-    /// One durable wake per queue, now that it is LISTENed on the side that
-    /// serves, so each is re-read. Raw channels carry only payloads, which
-    /// are gone. Returns how many.
-    fn wake_all(&self, queues: &HashSet<String>) -> usize {
-        let queues: Vec<&String> = queues.iter().filter(|q| key_channel(q).is_none()).collect();
-        for queue in &queues {
-            self.local_wakes
-                .send(Delivery::Wake(Wake::durable(queue.as_str())));
-        }
-        queues.len()
     }
 }
 

@@ -148,7 +148,7 @@ pub fn refusal_may_be_busy(errno: i32) -> bool {
 }
 
 /// Bytes written to the stream socket `fd` that its peer has not read yet,
-/// or None where unknown. The hub's catch-up throttle (`hub::worker`) keeps
+/// or None where unknown. The hub's catch-up throttle (`hub::worker_connection`) keeps
 /// a worker's unread bytes low with it; None turns the throttle off.
 ///
 /// Linux: SIOCOUTQ (a Unix stream's data waits in the peer's receive queue,

@@ -51,6 +51,7 @@ module Pgbus
           @armed_pid = ::Process.pid
           @logger = logger
           @attached = nil
+          # DEFAULT_SOCKET_ENV is defined by the extension (ext/pgbus_hub/src/defaults.rs: the core's hub::SOCKET_ENV).
           exported = ENV[DEFAULT_SOCKET_ENV].to_s
           @socket_path = ENV[DEFAULT_SOCKET_ENV] =
             Hub.configuration.socket_path || (exported.empty? ? default_socket_path : exported)

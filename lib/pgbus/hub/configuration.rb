@@ -60,6 +60,7 @@ module Pgbus
 
       # A worker of the hub +options+ describe (master_options' shape) is served
       # by the master's hub: the :master scope, and the master exported its socket.
+      # DEFAULT_SOCKET_ENV is defined by the extension (ext/pgbus_hub/src/defaults.rs: the core's hub::SOCKET_ENV).
       def hub_served?(options) = options[:scope].to_s == "master" && !ENV[DEFAULT_SOCKET_ENV].to_s.empty?
 
       # A started listener for a worker of the hub +options+ describe, with the

@@ -3,8 +3,9 @@
 //! Several simulated workers each own a `Decoder`; the input is a script of
 //! operations (raw bytes to one worker, a well-formed sub/unsub frame, a
 //! disconnect). Every decoded frame goes through `Message::from_object` and is
-//! applied the way `hub::worker::handle` + `Core::{subscribe, finish_subscribe,
-//! unsubscribe, remove_worker}` apply it, against the hub's REAL routing table
+//! applied the way `hub::worker_connection::command_for` +
+//! `Router::{subscribe, finish_subscribe, unsubscribe, remove_worker}` apply
+//! it, against the hub's REAL routing table
 //! (`src/hub/registry.rs`, included by path: the module is private) and a
 //! reference model kept here.
 //!

@@ -28,7 +28,7 @@ mod router;
 pub mod server;
 mod stale;
 mod supervisor;
-mod worker;
+mod worker_connection;
 
 use crate::listener::{self, ListenerConfig, ListenerStats};
 use crate::log::LogSink;

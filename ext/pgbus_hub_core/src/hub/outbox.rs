@@ -94,7 +94,7 @@ impl Outbox {
 
     /// Moves up to `max` frames, oldest first, into `batch` (the writer's);
     /// catch-up wakes only once no live frame is left, and only up to
-    /// `catch_up_max` of them (the writer paces them, see `worker::write_loop`).
+    /// `catch_up_max` of them (the writer paces them, see `worker_connection::write_loop`).
     pub fn take(&mut self, batch: &mut Vec<Frame>, max: usize, catch_up_max: usize) {
         while batch.len() < max {
             let Some((frame, droppable)) = self.frames.pop_front() else {

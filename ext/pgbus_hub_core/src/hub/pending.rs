@@ -10,7 +10,7 @@
 //!
 //! Pure state: each call returns the acks to send, the router sends them.
 
-use super::worker::WorkerId;
+use super::worker_connection::WorkerId;
 use std::collections::HashMap;
 use std::time::Instant;
 

@@ -1,16 +1,16 @@
 //! The router: the one task that owns the routing table, the workers and the
 //! LISTEN engine. Workers' readers and the accept loop send it [`Command`]s;
-//! the engine sends it wakes and health changes; it answers subs, routes each
-//! wake to the workers that want it (encoded once, see [`Router::deliver`]),
-//! and broadcasts the hub's health. Nothing else mutates this state, so it
-//! needs no lock.
+//! the engine sends it wakes and health changes; it answers subs, fans each
+//! wake out to the outboxes of the workers that want it (encoded once, see
+//! [`Router::fan_out_wake`]), and broadcasts the hub's health. Nothing else
+//! mutates this state, so it needs no lock.
 
 use super::command::{Command, Commands};
 use super::limits::COMMAND_QUEUE;
 use super::pending::{PendingSubs, Sub};
 use super::registry::Registry;
 use super::supervisor::{EngineSupervisor, FromEngine};
-use super::worker::{WorkerConnection, WorkerId};
+use super::worker_connection::{WorkerConnection, WorkerId};
 use super::{HubConfig, HubShared};
 use crate::listener::{Event, ListenError};
 use crate::protocol::{Frame, Message, Wake};
@@ -108,7 +108,7 @@ impl Router {
 
     fn on_event(&mut self, event: Event) {
         match event {
-            Event::Wake(wake) => self.deliver(wake),
+            Event::Wake(wake) => self.fan_out_wake(wake),
             Event::CatchUp(queues) => {
                 crate::events::reconnected(queues.len(), &self.shared.listener);
                 self.catch_up(queues)
@@ -357,7 +357,7 @@ impl Router {
 
     /// Fan-out: the wake is encoded once, and every routed worker's outbox
     /// holds the same bytes (a refcount each; the writers send them as they are).
-    pub(super) fn deliver(&self, wake: Wake) {
+    pub(super) fn fan_out_wake(&self, wake: Wake) {
         self.shared.wakes_received.fetch_add(1, Ordering::Relaxed);
         let mut workers = self
             .registry
@@ -509,7 +509,7 @@ mod tests {
         for id in &ids {
             router.registry.add(*id, "q");
         }
-        router.deliver(Wake::new("q", Some("payload")));
+        router.fan_out_wake(Wake::new("q", Some("payload")));
         let queued: Vec<usize> = ids
             .iter()
             .map(|id| {

@@ -1,6 +1,6 @@
-//! One connected worker: a writer task that drains its outbox, and a reader
-//! task that decodes its frames and turns them into commands for the router.
-//! Neither ever blocks another worker.
+//! The hub's end of one worker's socket ([`WorkerConnection`]): a writer
+//! task that drains its outbox, and a reader task that decodes its frames and
+//! turns them into commands for the router. Neither ever blocks another worker.
 
 use super::command::{Command, Commands};
 use super::limits::{
