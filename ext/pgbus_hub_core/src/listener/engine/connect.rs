@@ -72,7 +72,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     continue;
                 }
             };
-            match self.check_and_relisten(&session).await {
+            match self.relisten(&session).await {
                 Ok((backend, marker)) => {
                     self.up(backend);
                     if let Some(token) = marker {
@@ -174,11 +174,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// pipelines them), because NOTIFYs committed until the LISTEN commits
     /// reach nobody. On a standby the check's refusal is the error: the
     /// server answers the check first, and LISTEN fails there anyway
-    /// ("cannot execute LISTEN during recovery").
-    async fn check_and_relisten(
-        &mut self,
-        session: &Connected,
-    ) -> Result<(Backend, Option<String>), Up> {
+    /// ("cannot execute LISTEN during recovery"). A check failing while
+    /// its LISTEN commits leaves a handover marker no one awaits: the kept
+    /// connection ignores it (logged) and reads on to the next one's.
+    async fn relisten(&mut self, session: &Connected) -> Result<(Backend, Option<String>), Up> {
         let (queries, marker) = self.relisten_queries();
         let check = async {
             check_primary(session)
@@ -186,7 +185,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 .map_err(|(recovery, reason)| Up::Check(recovery, reason))
         };
         let listen = async {
-            relisten(self.shutdown.clone(), session, &queries)
+            listen_all(self.shutdown.clone(), session, &queries)
                 .await
                 .map_err(Up::Listen)
         };
@@ -232,7 +231,7 @@ enum Up {
 }
 
 /// The re-LISTEN's queries, in order (see [`Engine::relisten_queries`]).
-async fn relisten(
+async fn listen_all(
     shutdown: Shutdown,
     session: &Connected,
     queries: &[String],
