@@ -12,7 +12,8 @@
 #
 # Env: PGBUS_HUB_TEST_DATABASE_URL (default host=/var/run/postgresql dbname=pgbus_hub_test),
 #      BENCH_ROUNDS (default 2), BENCH_SAMPLES (wake probes per cell per round, default 100),
-#      BENCH_ONLY=floor,wake,sub_ack,burst8,fanout32,footprint,isolation,scale (a subset),
+#      BENCH_ONLY=floor,wake,sub_ack,burst8,fanout32,footprint,isolation,gap,scale (a subset),
+#      GAP_* (benchmarks/relisten_gap.rb),
 #      BENCH_SCALE=0 (skip the busy-host figures) and BENCH_SCALE_* (benchmarks/scale.rb).
 
 require "json"
@@ -26,6 +27,7 @@ require_relative "baselines/direct"
 require_relative "baselines/ruby_hub"
 require_relative "lib/worker"
 require_relative "scale"
+require_relative "relisten_gap"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
@@ -636,11 +638,14 @@ module Bench
     r[:harness] = harness_cost
     run.call(:footprint) { fig4_footprint }
     run.call(:isolation) { fig5_isolation }
+    run.call(:gap) { RelistenGap.run }
     run.call(:scale) { Scale.run } unless ENV["BENCH_SCALE"] == "0"
     machine[:loadavg_end] = loadavg
     machine[:seconds] = ((now_ns - started) / 1e9).round(1)
     rows = only ? [] : build_rows(r)
-    Scale.rows(r[:scale], ->(*row) { rows << %i[figure mode value target status].zip(row).to_h }) if r[:scale]
+    add = ->(*row) { rows << %i[figure mode value target status].zip(row).to_h }
+    RelistenGap.rows(r[:gap], ->(*row, ok) { add.call(*row, verdict(ok)) }) if r[:gap]
+    Scale.rows(r[:scale], add) if r[:scale]
     rows << { figure: "unconfirmed LISTEN answers (nil), all figures", mode: "-", value: unconfirmed.inspect,
               target: "0", status: verdict(unconfirmed.values.sum.zero?) }
     text = table(rows)

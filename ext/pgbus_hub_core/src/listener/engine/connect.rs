@@ -11,6 +11,7 @@ use super::{LISTEN_BATCH, OP_TIMEOUT, PROBE_TIMEOUT};
 use crate::conninfo::{describe, Connected};
 use crate::listener::{Backend, Event, ListenError};
 use crate::protocol::key_channel;
+use crate::shutdown::Shutdown;
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     pub(super) fn next_delay(&mut self) -> Duration {
@@ -37,15 +38,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             let delay = self.next_delay();
             let options = self.config.connection.clone();
             let attempt = async move {
-                tokio::time::sleep(delay).await;
-                let session = options.connect().await.map_err(|e| (false, e.0))?;
-                match check_primary(&session).await {
-                    Ok(backend) => Ok((session, backend)),
-                    Err(failure) => {
-                        session.close(CLOSE_GRACE).await;
-                        Err(failure)
-                    }
+                // Not even a zero sleep: tokio rounds a timer up to the next
+                // millisecond, and every one of them is NOTIFYs lost.
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
+                options.connect().await
             };
             tokio::pin!(attempt);
             let mut shutdown = self.shutdown.clone();
@@ -67,26 +65,34 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     }
                 }
             };
-            match outcome {
-                Ok((session, backend)) => match self.relisten(&session).await {
-                    Ok(marker) => {
-                        self.up(backend);
-                        if let Some(token) = marker {
-                            self.handover.marker_committed(token);
-                        }
-                        return Some(session);
+            let session = match outcome {
+                Ok(session) => session,
+                Err(error) => {
+                    self.connect_failed(false, &error.0);
+                    continue;
+                }
+            };
+            match self.relisten(&session).await {
+                Ok((backend, marker)) => {
+                    self.up(backend);
+                    if let Some(token) = marker {
+                        self.handover.marker_committed(token);
                     }
-                    Err(OpError::Stopped) => {
-                        session.close(CLOSE_GRACE).await;
-                        return None;
-                    }
-                    Err(error) => {
-                        let reason = format!("re-LISTEN failed: {}", op_reason(&error));
-                        self.connect_failed(false, &reason);
-                        session.close(CLOSE_GRACE).await;
-                    }
-                },
-                Err((recovery, reason)) => self.connect_failed(recovery, &reason),
+                    return Some(session);
+                }
+                Err(Up::Listen(OpError::Stopped)) => {
+                    session.close(CLOSE_GRACE).await;
+                    return None;
+                }
+                Err(Up::Check(recovery, reason)) => {
+                    self.connect_failed(recovery, &reason);
+                    session.close(CLOSE_GRACE).await;
+                }
+                Err(Up::Listen(error)) => {
+                    let reason = format!("re-LISTEN failed: {}", op_reason(&error));
+                    self.connect_failed(false, &reason);
+                    session.close(CLOSE_GRACE).await;
+                }
             }
         }
     }
@@ -163,14 +169,36 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         woken
     }
 
+    /// A new connection's primary check and re-LISTEN in one round trip:
+    /// both requests are sent before either is answered (tokio-postgres
+    /// pipelines them), because NOTIFYs committed until the LISTEN commits
+    /// reach nobody. On a standby the check's refusal is the error: the
+    /// server answers the check first, and LISTEN fails there anyway
+    /// ("cannot execute LISTEN during recovery"). A check failing while
+    /// its LISTEN commits leaves a handover marker no one awaits: the kept
+    /// connection ignores it (logged) and reads on to the next one's.
+    async fn relisten(&mut self, session: &Connected) -> Result<(Backend, Option<String>), Up> {
+        let (queries, marker) = self.relisten_queries();
+        let check = async {
+            check_primary(session)
+                .await
+                .map_err(|(recovery, reason)| Up::Check(recovery, reason))
+        };
+        let listen = async {
+            listen_all(self.shutdown.clone(), session, &queries)
+                .await
+                .map_err(Up::Listen)
+        };
+        // try_join polls the check first: its error wins over the LISTEN's.
+        let (backend, ()) = futures_util::future::try_join(check, listen).await?;
+        Ok((backend, marker))
+    }
+
     /// The whole listen set, the private channel and (when a given-up
     /// connection is kept) the handover marker, in ONE transaction: the
     /// marker's queue position is where this connection's LISTENs took
-    /// effect. Returns the marker's token.
-    pub(super) async fn relisten(
-        &mut self,
-        session: &Connected,
-    ) -> Result<Option<String>, OpError> {
+    /// effect. Returns the queries with the marker's token.
+    fn relisten_queries(&mut self) -> (Vec<String>, Option<String>) {
         let channels: Vec<String> = self.channels.keys().cloned().collect();
         let (private, marker) = self.handover.statements();
         // One simple query per LISTEN_BATCH channels, the transaction
@@ -191,16 +219,32 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             }
             last.push_str("COMMIT");
         }
-        for sql in &queries {
-            op(
-                self.shutdown.clone(),
-                session.client.batch_execute(sql),
-                OP_TIMEOUT,
-            )
-            .await?;
-        }
-        Ok(marker)
+        (queries, marker)
     }
+}
+
+/// Why a new connection was not brought up.
+enum Up {
+    /// The primary check's refusal or failure, and whether it was a server in recovery.
+    Check(bool, String),
+    Listen(OpError),
+}
+
+/// The re-LISTEN's queries, in order (see [`Engine::relisten_queries`]).
+async fn listen_all(
+    shutdown: Shutdown,
+    session: &Connected,
+    queries: &[String],
+) -> Result<(), OpError> {
+    for sql in queries {
+        op(
+            shutdown.clone(),
+            session.client.batch_execute(sql),
+            OP_TIMEOUT,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// The backend (pid, database, client address), and a refusal if the server
