@@ -19,34 +19,56 @@ RSpec.describe "reliability 10: soak", :reliability do
       counts = Hash.new(0)
       t0 = Rel.now
       next_sample = t0
-      until Rel.now - t0 > seconds
-        batch = Array.new(3) { RelWorker.new(hub.socket_path) }
-        subs = batch.to_h { |w| [w, Array.new(3) { "soak_pool_#{rng.rand(40)}" }.uniq] }
-        subs.each { |w, qs| qs.each { |q| w.sub(q) } }
-        # Invariant 1 for everyone currently acked, every round.
-        assert_acked_subs_get_wakes(subs.merge(anchor => %w[soak_anchor soak_pool_0]), tag: "round-#{counts[:rounds]}")
-        batch.each do |w|
-          case rng.rand(3)
-          when 0 then w.kill9.then { counts[:kill9] += 1 }
-          when 1 then w.stop.then { counts[:stopped] += 1 }
-          else
-            w.sub_async("soak_mid_#{rng.rand(1000)}") # killed mid-subscription
-            w.kill9
-            counts[:kill9_mid_sub] += 1
+      churn = lambda do
+        until Rel.now - t0 > seconds
+          batch = Array.new(3) { RelWorker.new(hub.socket_path) }
+          subs = batch.to_h { |w| [w, Array.new(3) { "soak_pool_#{rng.rand(40)}" }.uniq] }
+          marks = batch.to_h { |w| [w, w.size] }
+          # ensure_listening's answer: :done once the hub's LISTEN runs; nil when the hub answered it
+          # by the outage rule (a reconnect under way, caused or not by this soak: its health
+          # check is 100 ms on shared cores), which promises the catch-up wake, not the payload.
+          answered = subs.to_h { |w, qs| [w, qs.partition { |q| w.sub(q)["result"] == ":done" }] }
+          confirmed = answered.transform_values(&:first)
+          # Invariant 1 for everyone currently confirmed, every round.
+          assert_acked_subs_get_wakes(confirmed.merge(anchor => %w[soak_anchor soak_pool_0]), tag: "round-#{counts[:rounds]}")
+          answered.each do |w, (_, outage)|
+            outage.each do |q|
+              w.wait_event("#{q}'s wake after an outage-rule sub", from: marks[w]) { |e| e["ev"] == "wake" && e["q"] == q }
+              counts[:outage_rule_subs] += 1
+            end
           end
-        end
-        if (counts[:rounds] % 25) == 24
-          Rel.terminate_listen_backends
-          counts[:terminations] += 1
-          wait_for("healthy after terminate") { hub.stats[:listener_healthy] }
-        end
-        counts[:rounds] += 1
-        sleep 0.1 # modest: other engineers share these 2 cores
-        wait_for("churned workers released") { hub.stats[:workers] == 1 }
-        next unless Rel.now >= next_sample
+          batch.each do |w|
+            case rng.rand(3)
+            when 0 then w.kill9.then { counts[:kill9] += 1 }
+            when 1 then w.stop.then { counts[:stopped] += 1 }
+            else
+              w.sub_async("soak_mid_#{rng.rand(1000)}") # killed mid-subscription
+              w.kill9
+              counts[:kill9_mid_sub] += 1
+            end
+          end
+          if (counts[:rounds] % 25) == 24
+            reconnects = hub.stats[:reconnects]
+            Rel.terminate_listen_backends
+            counts[:terminations] += 1
+            # The reconnect counted, not only healthy: read right after the terminate, healthy is
+            # still the old connection's (the hub has not seen the backend go yet).
+            wait_for("reconnected after terminate") { hub.stats.then { |st| st[:reconnects] > reconnects && st[:listener_healthy] } }
+          end
+          counts[:rounds] += 1
+          sleep 0.1 # modest: other engineers share these 2 cores
+          wait_for("churned workers released") { hub.stats[:workers] == 1 }
+          next unless Rel.now >= next_sample
 
-        series << hub.proc_sample.merge(t: (Rel.now - t0).round, channels: hub.stats[:channels], census: Rel.census)
-        next_sample += [seconds / 12, 5].max
+          series << hub.proc_sample.merge(t: (Rel.now - t0).round, channels: hub.stats[:channels], census: Rel.census)
+          next_sample += [seconds / 12, 5].max
+        end
+      end
+      begin
+        churn.call
+      rescue RuntimeError, RSpec::Expectations::ExpectationNotMetError => e
+        # The hub's log goes with the temp dir: keep its end with the failure.
+        raise e.class, "#{e.message}\nhub log (last 40 lines):\n#{hub.log.lines.last(40).join}"
       end
       series << hub.proc_sample.merge(t: (Rel.now - t0).round, channels: hub.stats[:channels], census: Rel.census)
       expect(hub.stats).to include(workers: 1, channels: 2)
