@@ -104,7 +104,14 @@ RSpec.describe "interrupting a native wait" do
       peer = server.accept
       # A name larger than any socket buffer: the write blocks part-way through its frame.
       waiter = Thread.new { client.ensure_listening("q" * 3_000_000) }
-      expect_prompt_kill(waiter, "ensure_listening")
+      begin
+        expect_prompt_kill(waiter, "ensure_listening")
+      rescue RuntimeError => e
+        # Ruby may call a blocked thread's unblock function with nothing pending (nogvl.rs says
+        # when): part-way through the frame that fails the client over before our kill (CI saw
+        # it once). The outcome checked below is the same; only the kill's timing goes unmeasured.
+        raise unless e.message.include?("interrupted part-way through a frame")
+      end
       # Half a frame is on the wire: the client is dead (it fails over), never silently corrupt.
       expect(client).to be_dead
       client.stop
