@@ -3,6 +3,7 @@
 require "socket"
 require "uri"
 require_relative "wait"
+require_relative "census"
 begin
   require "pg"
 rescue LoadError
@@ -86,13 +87,12 @@ module TestDatabase
 
   # Rows tagged application_name in pg_stat_activity, once the count holds
   # still for 0.2 s: backends of an earlier example may still be closing.
+  # A Census::Count: compared as an Integer, inspected with each backend's owner.
   def census(application_name = "pgbus-listen")
     read = lambda do
       with do |conn|
         # This database only: another suite on the same server has its own.
-        conn.exec_params("select count(*) from pg_stat_activity where application_name = $1 " \
-                         "and datname = current_database()",
-                         [application_name]).getvalue(0, 0).to_i
+        Census::Count.new(census_rows(conn, application_name))
       end
     end
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
@@ -104,6 +104,13 @@ module TestDatabase
 
       count = again
     end
+  end
+
+  # This database's backends tagged application_name (pid, client_port, backend_start).
+  def census_rows(conn, application_name = "pgbus-listen")
+    conn.exec_params("select pid, client_port, backend_start from pg_stat_activity " \
+                     "where application_name = $1 and datname = current_database() order by pid",
+                     [application_name]).to_a
   end
 
   def with

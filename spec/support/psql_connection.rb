@@ -6,7 +6,7 @@ require "open3"
 # a Ruby without ruby-pg: Debian builds `pg` for its default Ruby only, so Ruby 3.4 in CI has none.
 # One psql session per connection; answers the calls the specs make on a PG::Connection (exec,
 # exec_params, quote_ident, escape_literal, close, finished?) with results that answer getvalue,
-# values, ntuples, column_values and first (SQL NULL as nil). The gem's own uses of ruby-pg (the
+# values, ntuples, column_values, first and to_a (SQL NULL as nil). The gem's own uses of ruby-pg (the
 # status command's census, the ActionCable adapter's broadcasts) are not replaced: on such a Ruby
 # the status command reports that its census needs it (spec/status_spec.rb checks that).
 class PsqlConnection
@@ -20,6 +20,7 @@ class PsqlConnection
     def ntuples = rows.size
     def column_values(column) = rows.map { |row| row[column] }
     def first = rows.first && fields.zip(rows.first).to_h
+    def to_a = rows.map { |row| fields.zip(row).to_h }
   end
 
   def initialize(url)

@@ -17,8 +17,7 @@ RSpec.shared_examples "4 worker processes on a pgbus-hub serve sidecar" do |serv
   # pgbus-listen connections in this run's database, now.
   def census
     TestDatabase.connect.then do |conn|
-      conn.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen' " \
-                "and datname = current_database()").getvalue(0, 0).to_i
+      Census::Count.new(TestDatabase.census_rows(conn))
     ensure
       conn&.close
     end

@@ -75,10 +75,11 @@ module Rel
     conn.exec_params("select pg_notify($1, $2)", ["#{prefix}#{queue}#{suffix}", payload])
   end
 
-  # pgbus-listen backends of OUR database (the census).
+  # pgbus-listen backends of OUR database (the census): a Census::Count, inspected with their owners.
   def census(conn: sql, db: DB)
-    conn.exec_params("select count(*) from pg_stat_activity where application_name = 'pgbus-listen' and datname = $1",
-                     [db]).getvalue(0, 0).to_i
+    Census::Count.new(conn.exec_params("select pid, client_port, backend_start from pg_stat_activity " \
+                                       "where application_name = 'pgbus-listen' and datname = $1 order by pid",
+                                       [db]).to_a)
   end
 
   def queue_usage(conn: sql)

@@ -180,12 +180,14 @@ class PumaCluster
   # pgbus-listen backends whose client socket belongs to THIS cluster's
   # processes (TCP client ports mapped through /proc), so concurrent test
   # runs on the same PostgreSQL cannot skew the figure.
+  # A Census::Count: compared as an Integer, inspected with each backend's owner.
   def census
     ports = local_ports(group_pids)
     rows = PG.connect(DATABASE_URL) do |conn|
-      conn.exec("select client_port from pg_stat_activity where application_name = 'pgbus-listen'").values.flatten
+      conn.exec("select pid, client_port, backend_start from pg_stat_activity " \
+                "where application_name = 'pgbus-listen' order by pid").to_a
     end
-    rows.count { |port| ports.include?(port.to_i) }
+    Census::Count.new(rows.select { |row| ports.include?(row["client_port"].to_i) })
   end
 
   def census_settles_at(expected, timeout: 15)
