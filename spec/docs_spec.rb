@@ -105,7 +105,7 @@ RSpec.describe "docs" do
     words = lambda do |file|
       File.read(File.join(ROOT, "ext/pgbus_hub_core/src", file))[/fn as_str.*?\n    \}/m].scan(/=> "(\w+)"/).flatten
     end
-    failover = words.call("failover/state.rs")
+    failover = words.call("failover_state.rs")
     listener = words.call("listener/state.rs")
     expect(failover).to eq(%w[on_hub failing_over failed_over failing_back standalone unserved stopped])
     expect(listener).to eq(%w[connecting listening handing_over reconnecting stopped])
@@ -118,5 +118,41 @@ RSpec.describe "docs" do
     expect(diagrams.join.scan(/\b[A-Z]{2,}(?: [A-Z]{2,})*\b/) - %w[ERROR DEBUG LISTEN UNLISTEN EOF]).to eq([])
     api = File.read(File.join(ROOT, "docs", "api.md"))
     [failover, listener].each { |list| expect(list.reject { |w| api.include?("`#{w}`") }).to eq([]) }
+  end
+
+  # api.md lists the hub's `stats` keys: exactly HubStats::fields' keys (the one field list).
+  it "lists exactly the stats keys HubStats::fields puts" do
+    fields = File.read(File.join(ROOT, "ext/pgbus_hub_core/src/hub/mod.rs"))[/pub fn fields\(.*?\n    \}/m]
+    keys = fields.scan(/put\(\s*"(\w+)"/).flatten
+    expect(keys.size).to be > 20
+    listed = File.read(File.join(ROOT, "docs", "api.md"))[/`stats` keys: `([^`]+)`/m, 1].split
+    expect(listed).to match_array(keys)
+  end
+
+  # A metric's help text and docs/monitoring.md's row say the same about what it counts: an
+  # enumeration in the help's parentheses stands in the row too (the row may say more).
+  it "describes each metric in monitoring.md with its help text's enumeration" do
+    metrics = File.read(File.join(ROOT, "ext/pgbus_hub_core/src/hub/metrics.rs"))
+                  .scan(/\(\s*"\w+",\s*"(pgbus_hub_\w+)",\s*"((?:[^"\\]|\\.)*)",?\s*\)/m)
+    expect(metrics.size).to be > 10
+    monitoring = File.read(File.join(ROOT, "docs", "monitoring.md")).delete("`")
+    differing = metrics.filter_map do |metric, help|
+      row = monitoring[/^\| #{metric}(?:\{[^|]*\})? \|[^\n]*/] or next "#{metric}: no row"
+      list = help[/\(([^()]*,[^()]*)\)/, 1] or next
+      "#{metric}: help (#{list}), row: #{row.split(" | ").last}" unless row.include?("(#{list})")
+    end
+    expect(differing).to eq([])
+  end
+
+  # The intra-doc links of module docs (`//! ... [`name`]`) name a module or item the file
+  # declares or imports: a renamed module leaves no dangling link (cargo doc would warn).
+  it "resolves every module doc's [`name`] link in the file that has it" do
+    dangling = Dir[File.join(ROOT, "ext/*/src/**/*.rs")].flat_map do |path|
+      text = File.read(path)
+      names = text.scan(%r{^\s*//!.*$}).join("\n").scan(/\[`([a-z_][a-z0-9_]*)`\](?![(\[])/).flatten.uniq
+      names.reject { |name| text.match?(/\b(?:mod|fn|struct|enum|trait|type|const|static)\s+#{name}\b|\buse\s[^;]*\b#{name}\b/) }
+           .map { |name| "#{path.delete_prefix("#{ROOT}/")}: [`#{name}`]" }
+    end
+    expect(dangling).to eq([])
   end
 end

@@ -56,6 +56,10 @@ RSpec.describe "pgbus integration" do
         expect(r["pgbus_master_hub_native"]).to eq("Pgbus::Hub::MasterHub")
         expect(r["pgbus_master_hub_dropped"]).to eq(0)
         expect(r["pgbus_master_hub_socket_left"]).to be(false)
+        # pgbus's MasterHub.new tuning where Pgbus::Hub.configure left the default; else ours, one WARN.
+        expect([r["tuning_pgbus_only"], r["tuning_both"]]).to eq([7, 9])
+        expect(r["tuning_warnings"]).to eq(["[pgbus-hub] durable_queue_limit: 9 from Pgbus::Hub.configure applies, " \
+                                            "not 7 from pgbus's MasterHub.new"])
       end
     end
   end

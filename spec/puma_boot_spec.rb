@@ -97,6 +97,18 @@ RSpec.describe Pgbus::Hub::Boot do
     expect(File.socket?(File.join(@dir, "r.sock"))).to be(true)
   end
 
+  it "says ERROR once for a connection string the hub cannot use, and disarms" do
+    configure(socket: "bad.sock") # Pgbus::Hub.configure refuses a bad string itself: pgbus's reaches MasterHub.new
+    bad = Pgbus::Hub.configuration.master_options.merge(connection: "host=/nowhere port=notanumber")
+    allow(Pgbus::Hub).to receive(:master_options).and_return(bad)
+    described_class.arm(logger: logger)
+    3.times { fork_child }
+    expect(out.string.scan("ERROR -- : [pgbus-hub] no master hub: ").size).to eq(1), out.string
+    expect(out.string).not_to include("master hub failed to start")
+    expect(described_class.armed?).to be(false)
+    expect(File.exist?(File.join(@dir, "bad.sock"))).to be(false)
+  end
+
   it "starts nothing under :process, and logs a hub that cannot start" do
     configure(socket: "p.sock")
     Pgbus::Hub.configuration.listen_scope = :process

@@ -22,7 +22,7 @@ module PgbusCalls
     listener: %i[failed_over_at_start on_hub_after_fail_back on_hub failed_over stopped]
   }.freeze
 
-  # Our FailoverListener's #state in each (FailoverState's words, ext/pgbus_hub_core/src/failover/state.rs):
+  # Our FailoverListener's #state in each (FailoverState's words, ext/pgbus_hub_core/src/failover_state.rs):
   # a state is named by that word, and by how it got there where two share one.
   LISTENER_STATE = { failed_over_at_start: :failed_over, on_hub_after_fail_back: :on_hub, on_hub: :on_hub,
                      failed_over: :failed_over, stopped: :stopped }.freeze

@@ -13,7 +13,7 @@
 //! never touches its parent's (whose lock a parent thread may have held at
 //! the fork); its events are off until it enables its own.
 
-use crate::failover::FailoverState;
+use crate::failover_state::FailoverState;
 use crate::listener::{ListenerState, ListenerStats};
 use crate::process::current_pid;
 use crate::sync::lock;

@@ -26,6 +26,7 @@ pub mod conninfo;
 pub mod delivery;
 pub mod events;
 pub mod failover;
+pub mod failover_state;
 pub mod hub;
 pub mod listener;
 pub mod log;

@@ -75,8 +75,8 @@ module Pgbus
           @missing_logged = true
           @logger&.warn("[pgbus-hub] no hub configuration as workers fork (no preload_app!? configure pgbus or " \
                         "Pgbus::Hub in puma.rb): workers use their own LISTEN connections until a later fork finds one")
-        rescue Error => e
-          @armed_pid = nil # refused: not again at every fork
+        rescue Error, ArgumentError => e # refused (a Proc connection, a bad connection string): not again at every fork
+          @armed_pid = nil
           @logger&.error("[pgbus-hub] no master hub: #{e.message} — workers use their own LISTEN connections")
         rescue StandardError => e # e.g. pgbus's configuration raising: logged, retried at the next fork
           @logger&.error("[pgbus-hub] no master hub yet (#{e.class}: #{e.message}) — workers use their own LISTEN connections")
@@ -139,7 +139,9 @@ module Pgbus
         def start(options)
           SharedHub.start(socket_path: @socket_path, logger: @logger, **options)
           @logger&.info("[pgbus-hub] #{options[:source]} configuration: master hub started before fork (pid #{::Process.pid})")
-        rescue StandardError => e
+        rescue ArgumentError
+          raise # MasterHub.new refused the options: the same at every fork, so before_fork disarms
+        rescue StandardError => e # e.g. the socket path taken: may clear, retried at the next fork
           @logger&.error("[pgbus-hub] master hub failed to start (#{e.class}: #{e.message}) — " \
                          "workers fall back to per-worker listeners")
         end

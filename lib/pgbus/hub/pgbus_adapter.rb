@@ -134,11 +134,31 @@ module Pgbus
     end
 
     # pgbus 0.13.1+'s MasterHub (as its MasterHubBoot builds and starts it): the shared native hub.
+    # Its tuning (status_interval:, durable_queue_limit:, hard_queue_limit:) applies where
+    # Pgbus::Hub.configure left the default: a value set there wins, and a different one passed
+    # here is named in a WARN; so is tuning that comes when our boot already started the hub.
     PgbusMasterHub = Struct.new(:socket_path, :config, :logger, :tuning, :native_hub) do
       def start
         options = PgbusAdapter.master_options(config) or raise Error, "pgbus streams configuration is not ready"
+        tuning = applied_tuning(options)
+        if SharedHub.current&.running? && !tuning.empty?
+          logger&.warn("[pgbus-hub] #{tuning.map { |key, value| "#{key}: #{value.inspect}" }.join(', ')} from " \
+                       "pgbus's MasterHub.new not applied: the master hub already runs (started before fork)")
+        end
         self.native_hub = SharedHub.start(socket_path: socket_path, logger: logger, **options, **tuning)
         self
+      end
+
+      def applied_tuning(options)
+        tuning.reject do |key, value|
+          next false if options[key] == DEFAULTS[key]
+
+          unless value == options[key]
+            logger&.warn("[pgbus-hub] #{key}: #{options[key].inspect} from Pgbus::Hub.configure applies, " \
+                         "not #{value.inspect} from pgbus's MasterHub.new")
+          end
+          true
+        end
       end
 
       def stop = tap { SharedHub.stop(native_hub) if native_hub }

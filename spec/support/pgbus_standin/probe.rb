@@ -4,6 +4,8 @@
 #   ruby -I lib -I spec/support/pgbus_standin/<shape>/lib probe.rb DATABASE_URL [hub-first]
 # Prints one JSON report of the pgbus seams as pgbus-hub wired them.
 require "json"
+require "logger"
+require "stringio"
 order = ARGV[1] == "hub-first" ? ["pgbus/hub", "pgbus"] : ["pgbus", "pgbus/hub"]
 order.each { |lib| require lib }
 Pgbus::Hub::PgbusAdapter.install! # what the first Pgbus.configure does when pgbus came second
@@ -72,6 +74,17 @@ if defined?(Pgbus::Web::Streamer::MasterHub)
   report[:pgbus_master_hub_dropped] = ruby_hub.dropped_durable_wakes
   ruby_hub.stop
   report[:pgbus_master_hub_socket_left] = File.exist?("#{path}.2")
+  # The tuning rule: pgbus's MasterHub.new tuning where Pgbus::Hub.configure left the default.
+  warnings = StringIO.new
+  tuned = lambda do
+    hub = Pgbus::Web::Streamer::MasterHub.new(config: config, socket_path: "#{path}.3", durable_queue_limit: 7,
+                                              logger: Logger.new(warnings)).start
+    hub.native_hub.stats[:limits]["durable_queue_limit"].tap { hub.stop }
+  end
+  report[:tuning_pgbus_only] = tuned.call
+  Pgbus::Hub.configure { |c| c.durable_queue_limit = 9 }
+  report[:tuning_both] = tuned.call
+  report[:tuning_warnings] = warnings.string.lines.grep(/WARN/).map { |line| line[/\[pgbus-hub\].*/] }
 end
 Pgbus::Web::Streamer.reset!
 puts JSON.generate(report)

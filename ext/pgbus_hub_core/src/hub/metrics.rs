@@ -170,7 +170,7 @@ const COUNTERS: &[(&str, &str, &str)] = &[
     (
         "frames_sent",
         "pgbus_hub_frames_sent_total",
-        "Frames written to workers (wakes, acks, status).",
+        "Frames written to worker and status connections (wakes, catch-up wakes, acks, nacks, status, stats answers).",
     ),
     (
         "dropped_durable_wakes",

@@ -13,7 +13,7 @@
 //! - [`limits`]: every budget a worker's frames pass through, and the set one hub applies.
 //! - [`outbox`]: the backpressure policy (limits, drops, evictions), one function.
 //! - [`registry`]: queue -> workers, refcounted (last ref out UNLISTENs).
-//! - [`worker`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
+//! - [`worker_connection`]: one connection: a reader (frames to commands) and a writer (outbox to socket).
 //! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
 //! - [`stale`]: sockets other hubs left beside ours when killed (removed at start).
 //! - [`metrics`]: the stats as Prometheus metrics, and `GET /metrics` (a thread of its own).
