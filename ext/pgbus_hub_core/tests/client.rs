@@ -266,6 +266,110 @@ fn hub_dying_mid_frame_is_a_transport_death() {
     );
 }
 
+/// A sub cut part-way through its frame, against a stub hub that reads
+/// nothing until [`start_reading`] (then it acks every sub).
+struct CutSub {
+    s: Setup,
+    /// Its frame is larger than any socket buffer (and under the 4 MiB limit).
+    queue: String,
+    cancel: crossbeam_channel::Sender<()>,
+    cancelled: crossbeam_channel::Receiver<()>,
+}
+
+/// The cancel is pending before the write, which sees it at the first full
+/// socket buffer: part-way through the frame, as when Ruby's unblock function
+/// fires there. The caller gets `Interrupted`; the client lives on.
+fn cut_sub() -> CutSub {
+    let s = setup_with(
+        Behaviour {
+            never_read: true,
+            ..Behaviour::default()
+        },
+        Duration::from_secs(30),
+    );
+    let queue = "q".repeat(3 << 20);
+    let (cancel, cancelled) = crossbeam_channel::bounded(1);
+    cancel.send(()).unwrap();
+    assert_eq!(
+        s.client.subscribe_or_cancel(&queue, &cancelled),
+        Ok(Listening::Interrupted)
+    );
+    assert!(!s.client.is_dead(), "{:?}", s.client.dead_reason());
+    CutSub {
+        s,
+        queue,
+        cancel,
+        cancelled,
+    }
+}
+
+fn start_reading(s: &Setup) {
+    s.hub.set_behaviour(Behaviour::default());
+}
+
+fn subscribe_in_thread(
+    client: &Arc<HubClient>,
+    queue: &str,
+) -> thread::JoinHandle<Result<Listening, ClientError>> {
+    let (client, queue) = (Arc::clone(client), queue.to_owned());
+    thread::spawn(move || client.subscribe(&queue))
+}
+
+#[test]
+fn a_sub_cancelled_part_way_through_its_frame_is_finished_by_the_next_sub_of_its_queue() {
+    let _serial = shared();
+    let CutSub { s, queue, .. } = cut_sub();
+    // Called again (as the binding does after an unblock with nothing pending):
+    // it finishes the frame, and the hub's ack for it answers this call.
+    let resumed = subscribe_in_thread(&s.client, &queue);
+    start_reading(&s);
+    assert_eq!(resumed.join().unwrap(), Ok(Listening::Active));
+    // One whole sub, no second one: the next frame is this unsub.
+    s.client.unsubscribe("marker");
+    s.hub.wait_received(2);
+    assert_eq!(
+        s.hub.received(),
+        vec![Message::Sub(queue.clone()), Message::Unsub("marker".into())]
+    );
+    let mut wire = Message::Sub(queue).encode().unwrap();
+    wire.extend(Message::Unsub("marker".into()).encode().unwrap());
+    assert!(
+        s.hub.raw() == wire,
+        "the bytes on the wire are not exactly the two frames"
+    );
+    assert!(!s.client.is_dead());
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
+#[test]
+fn a_frame_cut_part_way_goes_out_whole_before_another_queues_sub() {
+    let _serial = shared();
+    let CutSub {
+        s,
+        queue,
+        cancel,
+        cancelled,
+    } = cut_sub();
+    // Cancelled again while the tail waits for room: nothing of "other" goes out.
+    cancel.send(()).unwrap();
+    assert_eq!(
+        s.client.subscribe_or_cancel("other", &cancelled),
+        Ok(Listening::Interrupted)
+    );
+    assert!(!s.client.is_dead(), "{:?}", s.client.dead_reason());
+
+    let other = subscribe_in_thread(&s.client, "other");
+    start_reading(&s);
+    assert_eq!(other.join().unwrap(), Ok(Listening::Active));
+    assert_eq!(s.hub.subs(), vec![queue.clone(), "other".to_owned()]);
+    // The cut sub's waiter went when another write finished its frame (its
+    // caller waits for nothing): the next sub of its queue sends its own.
+    assert_eq!(s.client.subscribe(&queue), Ok(Listening::Active));
+    assert_eq!(s.hub.subs(), vec![queue.clone(), "other".to_owned(), queue]);
+    assert!(!s.client.is_dead());
+    assert_eq!(s.deliveries.recv_timeout(Duration::from_millis(100)), None);
+}
+
 #[test]
 fn unknown_frames_are_logged_and_ignored() {
     let _serial = shared();

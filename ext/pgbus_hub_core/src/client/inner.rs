@@ -29,7 +29,7 @@ impl Inner {
             socket: RwLock::new(Some(socket)),
             raw_fd,
             fd_open: AtomicBool::new(true),
-            write_lock: Mutex::new(()),
+            unsent: Mutex::new(None),
             state: Mutex::new(State::default()),
             dead: AtomicBool::new(false),
             reading: Mutex::default(),
@@ -116,31 +116,63 @@ impl Inner {
         }
     }
 
-    /// Writes a whole frame within `ack_timeout`, or until `cancel` receives.
-    pub(super) fn write_frame(&self, frame: &[u8], cancel: &Receiver<()>) -> Result<(), Unwritten> {
-        let deadline = Instant::now().checked_add(self.ack_timeout);
-        let _serial = lock(&self.write_lock);
+    /// When a write asked for now must be done: `ack_timeout` from before
+    /// the caller waits for the write lock, so that wait counts too.
+    pub(super) fn write_deadline(&self) -> Option<Instant> {
+        Instant::now().checked_add(self.ack_timeout)
+    }
+
+    /// Sends what a write cancelled part-way left of its frame (see
+    /// [`Unsent`]), then `frame`, whole, by `deadline` or until `cancel`
+    /// receives. `unsent` is the write lock's slot: the caller holds the lock.
+    /// A cancel never loses the framing: part-way through `frame`, its rest is
+    /// parked in `unsent` (`Parked`); while the tail goes out, the tail's rest
+    /// stays and nothing of `frame` was sent (`Cancelled`).
+    pub(super) fn write_frame(
+        &self,
+        unsent: &mut Option<Unsent>,
+        frame: &[u8],
+        deadline: Option<Instant>,
+        cancel: &Receiver<()>,
+    ) -> Result<(), Unwritten> {
         let socket = read(&self.socket);
         let Some(socket) = socket.as_ref() else {
             return Err(Unwritten::Dead(STOPPED.into()));
         };
-        socket
-            .write_frame(frame, deadline, cancel)
-            .map_err(|e| match e {
-                WriteError::Cancelled { partial: false } => Unwritten::Cancelled,
-                WriteError::Cancelled { partial: true } => Unwritten::CancelledMidFrame(
-                    "a write to the master hub was interrupted part-way through a frame \
-                     (the stream's framing is lost)"
-                        .into(),
-                ),
-                WriteError::Stalled => Unwritten::Dead(format!(
-                    "write to master hub stalled for {}s",
-                    seconds(self.ack_timeout)
-                )),
-                WriteError::Failed(error) => {
-                    Unwritten::Dead(format!("write to master hub failed: {error}"))
-                }
-            })
+        // How much went out before a cancel, or the death a failed write is.
+        let cut = |error| match error {
+            WriteError::Cancelled { sent } => Ok(sent),
+            WriteError::Stalled => Err(Unwritten::Dead(format!(
+                "write to master hub stalled for {}s",
+                seconds(self.ack_timeout)
+            ))),
+            WriteError::Failed(error) => Err(Unwritten::Dead(format!(
+                "write to master hub failed: {error}"
+            ))),
+        };
+        if let Some(parked) = unsent {
+            if let Err(error) = socket.write_frame(&parked.tail, deadline, cancel) {
+                parked.tail.drain(..cut(error)?);
+                return Err(Unwritten::Cancelled);
+            }
+            if let Some(sub) = unsent.take().and_then(|parked| parked.sub) {
+                // Its caller returned `Interrupted` and waits for nothing: its
+                // waiter goes, as after a cancelled ack wait.
+                self.discard_waiter(&sub.queue, sub.id);
+            }
+        }
+        if let Err(error) = socket.write_frame(frame, deadline, cancel) {
+            let sent = cut(error)?;
+            if sent == 0 {
+                return Err(Unwritten::Cancelled);
+            }
+            *unsent = Some(Unsent {
+                tail: frame[sent..].to_vec(),
+                sub: None,
+            });
+            return Err(Unwritten::Parked);
+        }
+        Ok(())
     }
 
     /// What one frame from the hub does to the client.

@@ -36,6 +36,13 @@
 //! cue to fail over to a per-worker listener). A clean [`HubClient::stop`]
 //! releases waiters too but never sends `Failed`.
 //!
+//! A cancel (an embedder's unblock function) never kills the client, not even
+//! part-way through a frame: the rest of the frame stays in the client
+//! ([`Unsent`]) and goes out before any other frame. Ruby calls a blocked
+//! thread's unblock function even with nothing pending, and the binding then
+//! calls again (`nogvl_resuming`): failing over there would fail over for
+//! nothing.
+//!
 //! Fork: a client inherited by a forked child is inert there. It reports dead
 //! and never writes to or shuts down the parent's socket.
 
@@ -154,19 +161,51 @@ pub enum Listening {
     /// The hub's database connection is down: the sub is registered there and
     /// is LISTENed when the hub reconnects (not waited for).
     AfterReconnect,
-    /// The caller cancelled the wait (an embedder's unblock function: Ruby's
-    /// Thread#kill): the sub was sent and stays registered, unconfirmed.
+    /// The caller cancelled (an embedder's unblock function: Ruby's
+    /// Thread#kill, or a call with nothing pending, after which the binding
+    /// calls again). The client stays alive. Cancelled in the wait for the
+    /// ack: the sub was sent and stays registered at the hub, unconfirmed.
+    /// Cancelled part-way through writing its frame: the rest waits in the
+    /// client with the sub's waiter ([`Unsent`]); the next `subscribe` of this
+    /// queue finishes that frame and waits for its ack (no second sub), and
+    /// any other write sends the rest first. Cancelled before any of it went
+    /// out: nothing was sent.
     Interrupted,
 }
 
 /// Why a frame did not go out whole.
 enum Unwritten {
-    /// Cancelled before any byte of it was sent: the client is fine.
+    /// Cancelled before any byte of it was sent (perhaps while finishing an
+    /// earlier frame's [`Unsent`] tail, whose rest stays parked).
     Cancelled,
-    /// Cancelled after part of it was sent: the stream's framing is lost (why).
-    CancelledMidFrame(String),
+    /// Cancelled part-way: the rest of it is parked in [`Inner::unsent`]
+    /// (without a sub: the caller attaches its own).
+    Parked,
     /// The transport is unusable (the caller marks the client dead): why.
     Dead(String),
+}
+
+/// What a write cancelled part-way left of its frame. Every later write sends
+/// it first, so the frames on the wire stay whole and the client need not die
+/// (see the module doc). After a real Thread#kill it waits for the client's
+/// next write; if none comes within the hub's frame-completion timeout, our
+/// hub drops the connection and the worker fails over (as it did at once
+/// before the tail was kept). A death or `stop` answers its waiter with all
+/// the others; the tail is never sent then and goes with the client.
+struct Unsent {
+    tail: Vec<u8>,
+    /// The frame's sub, if it was one. Its waiter stays registered in
+    /// [`Waiters`], so answers keep their FIFO order per queue: the next
+    /// `subscribe` of the queue adopts it. A write for anything else that
+    /// finishes the tail discards the waiter, as a cancelled ack wait does.
+    sub: Option<PendingSub>,
+}
+
+/// A sub's waiter, registered in [`Waiters`], not yet answered.
+struct PendingSub {
+    queue: String,
+    id: u64,
+    outcome: Receiver<Outcome>,
 }
 
 #[derive(Default)]
@@ -189,8 +228,10 @@ struct Inner {
     raw_fd: RawFd,
     /// False from just before `stop` closes the descriptor.
     fd_open: AtomicBool,
-    /// Frames never interleave.
-    write_lock: Mutex<()>,
+    /// The write lock: frames never interleave. It guards what a write
+    /// cancelled part-way left of its frame, which every write sends first.
+    /// Taken before `state` when both are.
+    unsent: Mutex<Option<Unsent>>,
     state: Mutex<State>,
     /// Mirrors `state.dead_reason.is_some()` for lock-free reads.
     dead: AtomicBool,
@@ -280,35 +321,56 @@ impl HubClient {
                 queue: queue.to_owned(),
                 reason: format!("the sub frame cannot be encoded: {e}"),
             })?;
-        let (id, outcome) = {
-            let mut state = lock(&inner.state);
-            if let Some(reason) = &state.dead_reason {
-                return Err(unavailable(format!("master hub is unavailable: {reason}")));
+        let PendingSub { id, outcome, .. } = {
+            let write_deadline = inner.write_deadline();
+            let mut unsent = lock(&inner.unsent);
+            // This queue's sub cut part-way by a cancel (this call resumed
+            // after an unblock with nothing pending, or a later sub after a
+            // kill): finish that frame and wait for its ack, not send another.
+            let adopted = unsent
+                .as_mut()
+                .and_then(|parked| parked.sub.take_if(|sub| sub.queue == queue));
+            let adopting = adopted.is_some();
+            let sub = {
+                let mut state = lock(&inner.state);
+                if let Some(reason) = &state.dead_reason {
+                    return Err(unavailable(format!("master hub is unavailable: {reason}")));
+                }
+                // Registered BEFORE the write: the ack may beat our return from it.
+                adopted.unwrap_or_else(|| {
+                    let (id, outcome) = state.waiters.add(queue);
+                    PendingSub {
+                        queue: queue.to_owned(),
+                        id,
+                        outcome,
+                    }
+                })
+            };
+            // Adopted: the parked tail, which every write sends first, is our frame.
+            let frame: &[u8] = if adopting { &[] } else { &frame };
+            match inner.write_frame(&mut unsent, frame, write_deadline, cancel) {
+                Ok(()) => sub,
+                // Cancelled while an earlier frame's tail went out: none of ours did.
+                Err(Unwritten::Cancelled) if !adopting => {
+                    inner.discard_waiter(queue, sub.id);
+                    return Ok(Listening::Interrupted);
+                }
+                // Part of our frame is on the wire and the rest parked: the
+                // waiter waits there with it, for the next sub of this queue.
+                Err(Unwritten::Cancelled | Unwritten::Parked) => {
+                    if let Some(parked) = unsent.as_mut() {
+                        parked.sub = Some(sub);
+                    }
+                    return Ok(Listening::Interrupted);
+                }
+                Err(Unwritten::Dead(reason)) => {
+                    drop(unsent);
+                    inner.discard_waiter(queue, sub.id);
+                    inner.mark_dead(reason);
+                    return Err(inner.unavailable_now());
+                }
             }
-            // Registered BEFORE the write: the ack may beat our return from it.
-            state.waiters.add(queue)
         };
-        match inner.write_frame(&frame, cancel) {
-            Ok(()) => {}
-            Err(Unwritten::Cancelled) => {
-                inner.discard_waiter(queue, id);
-                return Ok(Listening::Interrupted);
-            }
-            // Interrupted part-way through the frame: the client is dead
-            // (it fails over), and the caller still gets `Interrupted`, not an
-            // error: an embedder must not raise its own error over the
-            // interrupt it is about to act on (Ruby's Thread#kill).
-            Err(Unwritten::CancelledMidFrame(reason)) => {
-                inner.discard_waiter(queue, id);
-                inner.mark_dead(reason);
-                return Ok(Listening::Interrupted);
-            }
-            Err(Unwritten::Dead(reason)) => {
-                inner.discard_waiter(queue, id);
-                inner.mark_dead(reason);
-                return Err(inner.unavailable_now());
-            }
-        }
         // Unhealthy when the sub went out: wait the grace period only; if no ack
         // came by then, the LISTEN waits for the hub's reconnect, not the hub.
         let in_outage = !inner.healthy.load(Ordering::Acquire);
@@ -405,9 +467,15 @@ impl HubClient {
                 return;
             }
         };
-        if let Err(Unwritten::Dead(reason) | Unwritten::CancelledMidFrame(reason)) =
-            self.inner.write_frame(&frame, &crossbeam_channel::never())
-        {
+        // Never cancelled: only a death stops it (a parked tail goes out first).
+        let deadline = self.inner.write_deadline();
+        let written = self.inner.write_frame(
+            &mut lock(&self.inner.unsent),
+            &frame,
+            deadline,
+            &crossbeam_channel::never(),
+        );
+        if let Err(Unwritten::Dead(reason)) = written {
             self.inner.mark_dead(reason);
         }
     }

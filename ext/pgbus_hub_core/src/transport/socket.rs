@@ -51,10 +51,11 @@ pub enum ConnectError {
 pub enum WriteError {
     /// The peer read too little for the whole frame to go out by the deadline.
     Stalled,
-    /// The cancel channel received while the socket buffer was full;
-    /// `partial`: part of the frame was sent (the stream's framing is lost).
+    /// The cancel channel received while the socket buffer was full, after
+    /// `sent` bytes of the frame went out (0: none). The rest is the
+    /// caller's to send before anything else, or the stream's framing is lost.
     Cancelled {
-        partial: bool,
+        sent: usize,
     },
     Failed(io::Error),
 }
@@ -155,9 +156,7 @@ impl ClientSocket {
                 Ok(sent) => written += sent,
                 Err(Errno::INTR) => {}
                 Err(Errno::AGAIN) if cancel.try_recv().is_ok() => {
-                    return Err(WriteError::Cancelled {
-                        partial: written > 0,
-                    })
+                    return Err(WriteError::Cancelled { sent: written })
                 }
                 Err(Errno::AGAIN) => self.wait_writable(deadline)?,
                 Err(errno) => return Err(WriteError::Failed(errno.into())),
@@ -219,11 +218,28 @@ mod tests {
         let returned = Instant::now();
         let cancelled_at = canceller.join().unwrap();
         assert!(
-            matches!(outcome, Err(WriteError::Cancelled { partial: false })),
+            matches!(outcome, Err(WriteError::Cancelled { sent: 0 })),
             "{outcome:?}"
         );
         // Within a cancel check of it (10 ms); the bound is loose so a loaded
         // machine cannot fail it: without the cancel the write never returns.
         assert!(returned - cancelled_at < Duration::from_secs(1));
+    }
+
+    /// A frame larger than the buffer, cancelled once the buffer is full:
+    /// the caller learns how much went out (the rest is its to send).
+    #[test]
+    fn a_write_cancelled_part_way_says_how_much_was_sent() {
+        let (ours, _silent_peer) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let socket = ClientSocket { stream: ours };
+        let frame = vec![0u8; 4 << 20];
+        let (cancel, cancelled) = crossbeam_channel::bounded(1);
+        cancel.send(()).unwrap(); // seen at the first full buffer
+        let outcome = socket.write_frame(&frame, None, &cancelled);
+        assert!(
+            matches!(outcome, Err(WriteError::Cancelled { sent }) if sent > 0 && sent < frame.len()),
+            "{outcome:?}"
+        );
     }
 }
