@@ -9,11 +9,15 @@
 //! `next_batch`, called on the embedder's pump thread, polls the socket
 //! itself. A wake costs one thread wake-up instead of two (a reader thread,
 //! then the pump thread), and a Ruby process that stops draining its wakes
-//! pushes back on the hub (drops, then eviction) instead of growing an
-//! in-process queue. Acks are resolved inside the same wait; while the pump
-//! is away in the app (blocked on a full dispatch queue), a sub waiting for
-//! its ack reads the socket itself ([`Inner::read_for_waiter`]), so acks never
-//! wait behind the app and a busy worker does not fail over.
+//! pushes back on the hub (drops, then eviction): the socket is not read.
+//! Acks are resolved inside the same wait; while the pump is away in the app
+//! (blocked on a full dispatch queue), a sub waiting for its ack reads the
+//! socket itself ([`Inner::read_for_waiter`]), so acks never wait behind the
+//! app and a busy worker does not fail over. The wakes that read takes off
+//! the socket do go into the client's in-process delivery channel (not
+//! bounded), as do a failed-over worker's own connection's wakes
+//! (`failover.rs`): those two paths grow in the process instead of pushing
+//! back on the hub.
 //!
 //! Files: this one holds the API and the failure model; [`waiters`] the subs
 //! awaiting the hub's answer; [`driven`] the reading side; [`stats`] an
