@@ -5,6 +5,7 @@ require "stringio"
 require "timeout"
 require_relative "support/database"
 require_relative "support/native_wait"
+require_relative "support/held_relay"
 
 RSpec.describe Pgbus::Hub::Listener do
   before { skip "no PostgreSQL" unless TestDatabase.available? }
@@ -70,50 +71,17 @@ RSpec.describe Pgbus::Hub::Listener do
   end
 
   # A listener whose first connection is held `hold` seconds by a relay in
-  # front of the test server (yielded, then stopped). The relay ends both
-  # sides when either ends, and at the end shuts its sockets down before it
-  # closes them: a socket closed while another thread is blocked reading it
-  # (IO#close under IO.copy_stream) stays connected with no descriptor, so
-  # no process owns it, and its backend lives until this process exits (the
-  # census 2 CI saw in later examples). The example then fails if the relay's
-  # backend outlives it.
+  # front of the test server (yielded, then stopped; the example fails if the
+  # relay's backend outlives it).
   def with_first_connection_held(hold)
-    server = TCPServer.new("127.0.0.1", 0)
-    sockets = []
-    end_both = -> { sockets.each { |socket| socket.shutdown rescue nil } } # rubocop:disable Style/RescueModifier
-    relay = Thread.new do
-      sockets << (client = server.accept)
-      sleep hold
-      sockets << (database = TestDatabase.server_socket)
-      [[client, database], [database, client]].map do |from, to|
-        Thread.new do
-          IO.copy_stream(from, to)
-        rescue IOError, SystemCallError
-          nil
-        ensure
-          end_both.call
-        end
-      end.each(&:join)
-    end
-    l = described_class.new(connection: TestDatabase.keywords(host: "127.0.0.1", port: server.addr[1]),
+    relay = HeldRelay.new(hold: hold)
+    l = described_class.new(connection: TestDatabase.keywords(host: "127.0.0.1", port: relay.port),
                             dispatch_queue: Queue.new, health_check_ms: 100)
     (@listeners ||= []) << l
     yield l.start
   ensure
     l&.stop
-    end_both&.call # wakes the relay's reads: they end, and the relay with them
-    relay&.join(5) || relay&.kill&.join # still accepting or holding: nothing to wake
-    database_port = sockets&.dig(1)&.local_address&.ip_port
-    sockets&.each(&:close)
-    server&.close
-    if database_port
-      wait_for("the relay's backend (client port #{database_port}) gone", timeout: 5) do
-        TestDatabase.with do |conn|
-          conn.exec_params("select count(*) from pg_stat_activity where client_port = $1", [database_port])
-              .getvalue(0, 0).to_i.zero?
-        end
-      end
-    end
+    relay&.close
   end
 
   # The cause found in CI: 32 listeners forked at once on 2 loaded cores took
