@@ -72,7 +72,12 @@ module Soak
           connected = sessions.find { |s| s.confirmed_at <= t && (s.ended_at.nil? || committed + GRACE <= s.ended_at) }
           if connected
             w[:lost_connected][kind] += 1
-            w[:lost_examples] << [client.name, seq, connected.pid, t] if w[:lost_examples].size < 5
+            if w[:lost_examples].size < 5
+              index = sessions.index(connected)
+              got = arrivals.select { |_, _, session| session == index }.map(&:first)
+              neighbours = [got.select { |g| g < seq }.max, got.select { |g| g > seq }.min]
+              w[:lost_examples] << [client.name, seq, connected.pid, t, connected.confirmed_at, neighbours]
+            end
             w[:lost_span] = [[w[:lost_span][0], t].compact.min, [w[:lost_span][1], t].compact.max]
           else
             # In flight when the client's connection ended: counted where that disconnect happened.
@@ -83,7 +88,11 @@ module Soak
       end
       per.each_with_index.map do |w, i|
         lat = w.delete(:latencies).sort
-        w[:lost_examples].map! { |name, seq, pid, t| { client: name, seq: seq, worker: pid, after_fault_s: (t - @fires[i][:at]).round(2) } }
+        # With each: when its session was confirmed (after the fault) and the seqs it got either side.
+        w[:lost_examples].map! do |name, seq, pid, t, confirmed, neighbours|
+          { client: name, seq: seq, worker: pid, after_fault_s: (t - @fires[i][:at]).round(2),
+            confirmed_after_fault_s: (confirmed - @fires[i][:at]).round(3), got_either_side: neighbours }
+        end
         span = w[:lost_span].map { |t| (t - @fires[i][:at]).round(2) }
         w.merge(lost_connected: w[:lost_connected].to_h, duplicates: w[:duplicates].to_h, out_of_order: w[:out_of_order].to_h,
                 lost_span_s: span, latency_ms: { p50: ms(pct(lat, 50)), p99: ms(pct(lat, 99)), max: ms(lat.last) })
