@@ -88,5 +88,7 @@ RSpec.describe Pgbus::Hub::FailoverListener do
       .to raise_error(ArgumentError, /missing required option\(s\) :socket_path/)
     expect { Pgbus::Hub::Listener.new(connection: TestDatabase.url, dispatch_queue: Queue.new, socket_path: "x") }
       .to raise_error(ArgumentError, /unknown option\(s\) :socket_path/)
+    expect { described_class.new(connection: TestDatabase.url, dispatch_queue: Queue.new, socket_path: "/x", wake_message: 1) }
+      .to raise_error(ArgumentError, /wake_message must be a class/)
   end
 end

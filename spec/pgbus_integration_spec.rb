@@ -25,6 +25,20 @@ RSpec.describe "pgbus integration" do
     JSON.parse(out.lines.last)
   end
 
+  # pgbus-hub's ActionCable adapter beside a pgbus whose WakeMessage has no payload: its
+  # messages are payloads, so its listener builds our WakeMessage, not pgbus's.
+  it "ActionCable beside a pgbus before 0.13.1 (WakeMessage without a payload) delivers its messages" do
+    skip "ActionCable not installed" unless Gem::Specification.find_all_by_name("actioncable").any?
+
+    out, err, status = Open3.capture3({ "PGBUS_STREAMS_HUB_SOCKET" => nil }, RbConfig.ruby, "-I", File.join(ROOT, "lib"),
+                                      "-I", File.join(ROOT, "spec/support/pgbus_standin/pre382/lib"),
+                                      File.join(ROOT, "spec/support/pgbus_standin/cable_probe.rb"), TestDatabase.url)
+    expect(status).to be_success, err
+    report = JSON.parse(out.lines.last)
+    expect(report["pgbus_wake_members"]).to eq(["queue_name"])
+    expect(report.slice("confirmed", "got", "log")).to eq("confirmed" => true, "got" => "hello", "log" => [])
+  end
+
   %w[pre382 v382].product([false, true], [false, true]).each do |shape, eager, hub_first|
     it "#{shape} (eager: #{eager}, pgbus-hub required #{hub_first ? 'first' : 'second'})" do
       r = probe(shape, eager: eager, hub_first: hub_first)

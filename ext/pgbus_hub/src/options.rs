@@ -6,7 +6,7 @@
 
 use crate::errors::arg_error;
 use crate::pump::{Outputs, Targets};
-use magnus::{prelude::*, r_hash::ForEach, Error, RHash, RString, Ruby, TryConvert, Value};
+use magnus::{prelude::*, r_hash::ForEach, Error, RClass, RHash, RString, Ruby, TryConvert, Value};
 use pgbus_hub_core::conninfo::ConnectionOptions;
 use pgbus_hub_core::hub::metrics::MetricsConfig;
 use pgbus_hub_core::hub::HubConfig;
@@ -109,6 +109,7 @@ const LISTENER: &[(&str, Kind)] = &[
     ("dispatch_queue", Queue),
     ("logger", Object),
     ("on_listening", Object),
+    ("wake_message", Object),
     ("health_check_ms", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),
@@ -374,6 +375,11 @@ pub fn initialize<T>(
         }
     };
     let resolved = resolve(ruby, class.to_string(), given)?;
+    let wake_message = resolved.get(ruby.to_symbol("wake_message"));
+    if wake_message.is_some_and(|given| given.to_bool() && RClass::from_value(given).is_none()) {
+        let why = "wake_message must be a class (built with queue_name: and payload: keywords)";
+        return Err(arg_error(ruby, why));
+    }
     cell.set(parse(ruby, resolved)?)
         .map_err(|_| arg_error(ruby, format!("{class} is already initialized")))?;
     outputs.aim(Targets::parse(ruby, resolved));

@@ -35,18 +35,28 @@ static WAKE_MESSAGE: Lazy<RClass> = Lazy::new(|ruby| {
         .expect("defined in init")
 });
 
-/// The class the running pgbus builds its wakes in, else ours, and whether
-/// it has a payload: looked up at the first delivery, then kept (a batch is often one wake).
+/// The class wakes are built in: the object's `wake_message:` option, else
+/// the one the running pgbus builds its wakes in, else ours; and whether it
+/// has a payload. Looked up at the first delivery, then kept (a batch is
+/// often one wake). A consumer that is not pgbus's dispatcher (ActionCable's
+/// adapter) names ours: a pgbus before 0.13.1 has a WakeMessage without a
+/// payload, and a raw channel's message is nothing but its payload.
 fn wake_class(
     ruby: &Ruby,
     kept: &OnceLock<(Opaque<RClass>, bool)>,
+    given: Option<Opaque<Value>>,
 ) -> Result<(RClass, bool), Error> {
     if let Some((class, with_payload)) = kept.get() {
         return Ok((ruby.get_inner(*class), *with_payload));
     }
-    let class = match pgbus_wake_message(ruby)? {
+    // `options::initialize` let only a class through.
+    let given = given.and_then(|class| RClass::from_value(ruby.get_inner(class)));
+    let class = match given {
         Some(class) => class,
-        None => ruby.get_inner(&WAKE_MESSAGE),
+        None => match pgbus_wake_message(ruby)? {
+            Some(class) => class,
+            None => ruby.get_inner(&WAKE_MESSAGE),
+        },
     };
     let members: RArray = class.funcall("members", ())?;
     let with_payload = members.includes(ruby.to_symbol("payload"));
@@ -120,7 +130,7 @@ impl Pump {
             target.map_or(ruby.qnil().as_value(), |t| ruby.get_inner(t))
         };
         let (logger, queue) = (target(targets.logger), target(targets.dispatch_queue));
-        let (class, with_payload) = wake_class(ruby, &outputs.wake_class)?;
+        let (class, with_payload) = wake_class(ruby, &outputs.wake_class, targets.wake_message)?;
         for item in batch.items {
             let (what, delivered) = match item {
                 Delivery::Wake(wake) => {
@@ -204,6 +214,8 @@ pub struct Targets {
     pub logger: Option<Opaque<Value>>,
     pub on_failure: Option<Opaque<Value>>,
     pub on_listening: Option<Opaque<Value>>,
+    /// The class each wake is built in (`wake_message:`); None: pgbus's, else ours.
+    pub wake_message: Option<Opaque<Value>>,
 }
 
 impl Targets {
@@ -219,6 +231,7 @@ impl Targets {
             logger: object("logger"),
             on_failure: object("on_failure"),
             on_listening: object("on_listening"),
+            wake_message: object("wake_message"),
         }
     }
 
@@ -229,6 +242,7 @@ impl Targets {
             self.logger,
             self.on_failure,
             self.on_listening,
+            self.wake_message,
         ]
         .into_iter()
         .flatten()
@@ -257,6 +271,7 @@ static NO_TARGETS: Targets = Targets {
     logger: None,
     on_failure: None,
     on_listening: None,
+    wake_message: None,
 };
 
 fn current<T>(slot: &Mutex<Option<Arc<T>>>) -> Option<Arc<T>> {

@@ -74,8 +74,9 @@ module ActionCable
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
           @subscriptions ||= Subscriptions.new(callback_executor) do |wakes, on_listening|
+            # Our WakeMessage: a pgbus before 0.13.1 loaded beside has one without the payload (the message).
             Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening,
-                                                       logger: logger)
+                                                       wake_message: Pgbus::Hub::WakeMessage, logger: logger)
           end
         end
       end
