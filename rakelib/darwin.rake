@@ -43,3 +43,12 @@ namespace :native do
     puts "native:darwin: built without Ruby #{missing.join(', ')} (no PGBUS_HUB_RUBY_SRC_* for it)" unless missing.empty?
   end
 end
+
+namespace :cross do
+  desc "No Ruby needed: the core's test executables compiled and linked for aarch64/x86_64-apple-darwin with the " \
+       "darwin gems' toolchain (cargo zigbuild, ld64.lld-16), each Mach-O checked (CPU, /usr/lib only, no " \
+       "flat-namespace bind, minos, arm64 signature): bin/cross-darwin ARCH core. Linked, never run"
+  task :darwin_link do
+    DARWIN_ARCHES.each_key { |arch| sh "bin/cross-darwin", arch, "core" }
+  end
+end
