@@ -17,7 +17,8 @@ module Pgbus
     # last. Every one of them needs RubyGems >= NATIVE_RUBYGEMS (the gemspec says
     # so): older RubyGems (Debian 12's Ruby 3.1 has 3.3.15) cannot install a -gnu
     # gem and match any linux gem to any libc; they skip these and build the source gem.
-    # The darwin ones are built only on a Mac (docs/development.md's recipe); none is published.
+    # The darwin ones are cross-built on Linux by `rake native:darwin` from Ruby's source
+    # (or on a Mac: docs/development.md); none is published yet.
     NATIVE_PLATFORMS = { glibc: %w[x86_64-linux-gnu aarch64-linux-gnu],
                          musl: %w[x86_64-linux-musl aarch64-linux-musl],
                          darwin: %w[arm64-darwin x86_64-darwin] }.freeze
