@@ -35,8 +35,9 @@ Gem::Specification.new do |spec|
     spec.files += Dir.glob("vendor/cargo/**/*", File::FNM_DOTMATCH).select { |path| File.file?(path) }
     spec.extensions = ["ext/pgbus_hub/extconf.rb"]
   else
-    # Named as this Ruby names extensions: pgbus_hub.so, pgbus_hub.bundle on macOS.
-    built_glob = "lib/pgbus_hub/*/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}"
+    # Named as the platform's Ruby names extensions: pgbus_hub.bundle on macOS,
+    # else pgbus_hub.so (not this Ruby's DLEXT: the darwin gems are built on Linux).
+    built_glob = "lib/pgbus_hub/*/pgbus_hub.#{native_platform.include?('darwin') ? 'bundle' : 'so'}"
     built = Dir[built_glob].sort
     minors = built.map { |path| Gem::Version.new(path[%r{pgbus_hub/(\d+\.\d+)/}, 1]) }
     known = Pgbus::Hub::NATIVE_PLATFORMS.values.flatten

@@ -1,4 +1,4 @@
-# Sourced by bin/cross-aarch64 and bin/cross-musl (not run on its own): what
+# Sourced by bin/cross-aarch64, bin/cross-musl and bin/cross-darwin (not run on its own): what
 # building the extension for another target needs from this Debian system.
 # Needs `root` (the checkout) set by the sourcing script.
 
@@ -47,10 +47,21 @@ cross_arm64_ruby() {
   cross_debs arm64 "$1/debs" "$sysroot" "ruby$2" "libruby$2" "ruby$2-dev" libgmp10 libcrypt1 zlib1g libyaml-0-2 \
     libffi8 libssl3 libssl3t64 libzstd1
   archdir=$(ls -d "$sysroot"/usr/lib/aarch64-linux-gnu/ruby/"$2".*)
-  sed 's/RbConfig/ArmRbConfig/g' "$archdir/rbconfig.rb" > "$archdir/arm_rbconfig.rb"
-  local pair
-  while IFS= read -r -d '' pair; do export "RBCONFIG_$pair"; done < <("$ruby" -e '
+  cross_export_rbconfig "$archdir/rbconfig.rb"
+}
+
+# cross_export_rbconfig RBCONFIG_RB: exports every key of another Ruby's
+# rbconfig.rb (read by `ruby`, renamed so it does not clash with this Ruby's) as
+# RBCONFIG_<key>, plus CROSS_COMPILING=yes: rb-sys then takes them instead of
+# the running Ruby's.
+cross_export_rbconfig() {
+  local renamed pair
+  renamed="$(dirname "$1")/cross_rbconfig.rb"
+  sed 's/RbConfig/CrossRbConfig/g' "$1" > "$renamed"
+  # Through a file: a failing Ruby then stops the script (set -e), which a process substitution would not.
+  "$ruby" -e '
     load ARGV[0]
-    ArmRbConfig::CONFIG.each { |key, value| print "#{key}=#{value}\0" if key.match?(/\A\w+\z/) }
-    print "CROSS_COMPILING=yes\0"' "$archdir/arm_rbconfig.rb")
+    CrossRbConfig::CONFIG.each { |key, value| print "#{key}=#{value}\0" if key.match?(/\A\w+\z/) }
+    print "CROSS_COMPILING=yes\0"' "$renamed" > "$renamed.env"
+  while IFS= read -r -d '' pair; do export "RBCONFIG_$pair"; done < "$renamed.env"
 }

@@ -125,6 +125,31 @@ RSpec.describe "packaged gems", :puma do
     end
   end
 
+  # Built only where Ruby's sources were given (rake native:darwin; never in CI, which has none).
+  it "darwin gems, where built: platform, RubyGems >= 3.3.22, a .bundle per minor passing bin/cross-darwin's Mach-O checks" do
+    gems = Pgbus::Hub::NATIVE_PLATFORMS.fetch(:darwin).to_h do |platform|
+      [platform, File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}-#{platform}.gem")]
+    end
+    skip "no darwin gem in pkg/ (rake native:darwin needs PGBUS_HUB_RUBY_SRC_*)" unless gems.values.any? { |file| File.exist?(file) }
+
+    gems.each do |platform, gem_file|
+      expect(File.exist?(gem_file)).to be(true), "no #{platform} gem in pkg/ beside the other darwin one"
+      package = Gem::Package.new(gem_file)
+      expect(package.spec.platform.to_s).to eq(platform)
+      expect(package.spec.required_rubygems_version.to_s).to eq(">= 3.3.22")
+      libraries = package.contents.grep(%r{\Alib/pgbus_hub/})
+      expect(libraries).not_to be_empty
+      expect(libraries).to all(match(%r{\Alib/pgbus_hub/\d+\.\d+/pgbus_hub\.bundle\z}))
+      Dir.mktmpdir("pgbus-hub-darwin") do |dir|
+        package.extract_files(dir)
+        out, status = Open3.capture2e(File.join(ROOT, "bin", "cross-darwin"), platform[/\A[^-]+/], "check",
+                                      *libraries.map { |lib| File.join(dir, lib) })
+        expect(status).to be_success, out
+        expect(out.lines.grep(%r{loads \[/usr/lib/libSystem\.B\.dylib\] only}).size).to eq(libraries.size), out
+      end
+    end
+  end
+
   # Below NATIVE_RUBYGEMS the gem is asked for by name from a gem source holding every
   # gem in pkg/ (spec/support/gem_source.rb), as `gem install pgbus-hub` asks a gem
   # server: such a RubyGems skips the precompiled ones (each requires NATIVE_RUBYGEMS)

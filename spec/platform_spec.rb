@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "fileutils"
 require "tmpdir"
 require "open3"
 require "rbconfig"
@@ -10,9 +11,7 @@ require "shellwords"
 module NativeGemRequirements
   def self.all
     @all ||= Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.to_h do |platform|
-      out, status = Open3.capture2e({ "PGBUS_HUB_NATIVE_PLATFORM" => platform }, RbConfig.ruby, "-e",
-                                    'spec = Gem::Specification.load("pgbus-hub.gemspec") or abort "gemspec did not load"
-                                     print spec.platform, "|", spec.required_rubygems_version', chdir: ROOT)
+      out, status = Dir.mktmpdir("pgbus-hub-gemspec") { |dir| load_gemspec(dir, platform) }
       raise out unless status.success?
 
       built, requirement = out.split("|")
@@ -20,6 +19,20 @@ module NativeGemRequirements
 
       [platform, Gem::Requirement.new(*requirement.split(", "))]
     end
+  end
+
+  # The gemspec loaded in `dir`, a copy of what it reads with a stand-in library
+  # for this Ruby's minor named as `platform`'s Ruby names it (.bundle on macOS).
+  def self.load_gemspec(dir, platform)
+    FileUtils.cp(File.join(ROOT, "pgbus-hub.gemspec"), dir)
+    FileUtils.mkdir_p(File.join(dir, "lib", "pgbus", "hub"))
+    %w[version native_path].each { |file| FileUtils.cp(File.join(ROOT, "lib", "pgbus", "hub", "#{file}.rb"), File.join(dir, "lib", "pgbus", "hub")) }
+    library = File.join(dir, "lib", "pgbus_hub", RUBY_VERSION[/\A\d+\.\d+/], "pgbus_hub.#{platform.include?('darwin') ? 'bundle' : 'so'}")
+    FileUtils.mkdir_p(File.dirname(library))
+    FileUtils.touch(library)
+    Open3.capture2e({ "PGBUS_HUB_NATIVE_PLATFORM" => platform }, RbConfig.ruby, "-e",
+                    'spec = Gem::Specification.load("pgbus-hub.gemspec") or abort "gemspec did not load"
+                     print spec.platform, "|", spec.required_rubygems_version', chdir: dir)
   end
 end
 
@@ -131,6 +144,63 @@ RSpec.describe "platforms" do
       expect(status).not_to be_success
       expect(out).to include("pgbus-hub has no native extension for Ruby #{minor} here (built for 9.8, 9.9)")
     end
+
+    # On a Mac (issue 55 item 6), asked of the message logic with dyld's own words
+    # and a darwin RUBY_PLATFORM injected: nothing here can load a Mach-O.
+    describe "on a Mac (the darwin gems)" do
+      def says(error, platform)
+        Pgbus::Hub::LoadFailure.message(error, minor: "3.4", built: %w[3.3 3.4], platform: platform)
+      end
+
+      bundle = "/Users/u/.gem/ruby/3.4.0/gems/pgbus-hub-0.1.0-arm64-darwin/lib/pgbus_hub/3.4/pgbus_hub.bundle"
+      {
+        "x86_64-darwin23" => "dlopen(#{bundle}, 0x0009): tried: '#{bundle}' (mach-o file, but is an incompatible " \
+                             "architecture (have 'arm64', need 'x86_64')) - #{bundle}",
+        "arm64-darwin24" => "dlopen(#{bundle}, 0x0009): missing compatible arch in #{bundle} - #{bundle}"
+      }.each do |platform, dyld|
+        it "a bundle of the other CPU (#{platform}, Rosetta): dyld's words, then one sentence: the cause and the source gem" do
+          out = says(dyld, platform)
+          loader, sentence, *rest = out.lines.map(&:chomp)
+          expect([loader, rest]).to eq([dyld, []])
+          cpu = platform[/\A[^-]+/]
+          expect(sentence).to start_with("pgbus-hub's library for Ruby 3.4 is here but did not load: it was built for " \
+                                         "another CPU than this #{cpu} Ruby's (#{platform})")
+          expect(sentence).to include("Rosetta", "gem install pgbus-hub picks #{cpu}-darwin",
+                                      "(gem install pgbus-hub --platform ruby)")
+          expect(sentence.scan(/\. /)).to be_empty # one sentence
+          expect(sentence).not_to include("C library")
+        end
+      end
+
+      [
+        "dlopen(#{bundle}, 0x0009): tried: '#{bundle}' (mach-o file, but is built for macOS 11.0 which is newer than running OS)",
+        "dlopen(#{bundle}, 9): no suitable image found.  Did find:\n\t#{bundle}: cannot load 'pgbus_hub.bundle' " \
+        "(load command 0x80000034 is unknown)"
+      ].each do |dyld|
+        it "a bundle for a newer macOS (#{dyld[/newer than running OS|load command \S+ is unknown/]}): the oldest " \
+           "macOS of each gem, then the source gem" do
+          sentence = says(dyld, "x86_64-darwin17").lines.last
+          expect(sentence).to start_with("pgbus-hub's library for Ruby 3.4 is here but did not load: it needs a newer " \
+                                         "macOS than this Mac runs (the precompiled gems need at least: arm64-darwin " \
+                                         "#{Pgbus::Hub::DARWIN_MIN_MACOS['arm64-darwin']}, x86_64-darwin " \
+                                         "#{Pgbus::Hub::DARWIN_MIN_MACOS['x86_64-darwin']})")
+          expect(sentence).to include("(gem install pgbus-hub --platform ruby)")
+        end
+      end
+
+      it "another failure on a Mac, or dyld's words on Linux: the general sentence" do
+        expect(says("dlopen(#{bundle}, 0x0009): Symbol not found: _rb_foo", "arm64-darwin23").lines.last)
+          .to include("most likely this gem was built for another C library or CPU")
+        expect(says("mach-o file, but is an incompatible architecture", "x86_64-linux").lines.last)
+          .to include("most likely this gem was built for another C library or CPU than this Ruby's (x86_64-linux)")
+      end
+
+      it "no bundle for this Ruby's minor: names the minors inside, on a Mac too" do
+        expect(Pgbus::Hub::LoadFailure.message("x", minor: "3.2", built: %w[3.4 3.3], platform: "arm64-darwin23"))
+          .to eq("pgbus-hub has no native extension for Ruby 3.2 here (built for 3.3, 3.4): install the source gem " \
+                 "(gem install pgbus-hub --platform ruby), or run rake compile in a checkout")
+      end
+    end
   end
 
   # Which precompiled gem RubyGems (this Ruby's own) installs on each host,
@@ -143,7 +213,8 @@ RSpec.describe "platforms" do
     GLIBC_HOSTS = { "x86_64-linux-gnu" => "Debian/Ubuntu's Ruby", "x86_64-linux" => "a Ruby built from source",
                     "aarch64-linux-gnu" => "Debian's arm64 Ruby", "aarch64-linux" => "an arm64 Ruby built from source" }.freeze
     MUSL_HOSTS = { "x86_64-linux-musl" => "Alpine", "aarch64-linux-musl" => "Alpine on arm64" }.freeze
-    DARWIN_HOSTS = { "arm64-darwin23" => "a Mac's Ruby", "x86_64-darwin23" => "an Intel Mac's Ruby" }.freeze
+    DARWIN_HOSTS = { "arm64-darwin23" => "a Mac's Ruby", "arm64-darwin24" => "a Mac's Ruby on macOS 15",
+                     "x86_64-darwin23" => "an Intel Mac's Ruby", "x86_64-darwin24" => "an Intel Mac's Ruby on macOS 15" }.freeze
     # RubyGems tells musl from glibc from this release on (rubygems/rubygems#5852).
     MUSL_AWARE = Gem::Version.new(Pgbus::Hub::NATIVE_RUBYGEMS)
 
@@ -175,6 +246,51 @@ RSpec.describe "platforms" do
             expect(picks(host)).to be_empty
           end
         end
+      end
+    end
+  end
+
+  # The darwin gems by platform alone (issue 55), whatever this RubyGems' version
+  # (the requirement filter above leaves Debian 12's RubyGems 3.3.15 none at all):
+  # Gem::Platform.match_gem? with Gem.platforms set to each host's. The gems are
+  # named without a darwin version, so every macOS release matches them.
+  describe "RubyGems #{Gem::VERSION} matching the darwin gems' platforms" do
+    darwin_gems = Pgbus::Hub::NATIVE_PLATFORMS.fetch(:darwin)
+
+    def matching(host, gems)
+      saved = Gem.platforms
+      Gem.platforms = [Gem::Platform::RUBY, Gem::Platform.new(host)]
+      gems.select { |platform| Gem::Platform.match_gem?(Gem::Platform.new(platform.split("-", 3)), "pgbus-hub") }
+    ensure
+      Gem.platforms = saved
+    end
+
+    it "rake native:darwin without a Ruby source says what to set and builds nothing" do
+      env = ENV.keys.grep(/\APGBUS_HUB_RUBY_SRC_/).to_h { |key| [key, nil] }
+      out, status = Open3.capture2e(env, RbConfig.ruby, "-S", "rake", "native:darwin", chdir: ROOT)
+      expect(status).to be_success, out
+      expect(out.strip).to eq("native:darwin: skipped, no Ruby source given: set PGBUS_HUB_RUBY_SRC_3_3, " \
+                              "PGBUS_HUB_RUBY_SRC_3_4 and/or PGBUS_HUB_RUBY_SRC_4_0 to Ruby 3.3 / 3.4 / 4.0 source " \
+                              "directories (docs/development.md)")
+    end
+
+    it "are named without a darwin version" do
+      expect(darwin_gems).to eq(%w[arm64-darwin x86_64-darwin])
+      expect(darwin_gems.map { |platform| Gem::Platform.new(platform.split("-", 3)).version }).to eq([nil, nil])
+    end
+
+    { "arm64-darwin23" => "arm64-darwin", "arm64-darwin24" => "arm64-darwin", "arm64-darwin20" => "arm64-darwin",
+      "x86_64-darwin23" => "x86_64-darwin", "x86_64-darwin24" => "x86_64-darwin",
+      "x86_64-darwin17" => "x86_64-darwin" }.each do |host, gem|
+      it "#{host}: the #{gem} gem alone" do
+        expect(matching(host, darwin_gems)).to eq([gem])
+      end
+    end
+
+    %w[x86_64-linux-gnu x86_64-linux aarch64-linux-gnu aarch64-linux x86_64-linux-musl aarch64-linux-musl
+       x64-mingw-ucrt].each do |host|
+      it "#{host}: never a darwin gem" do
+        expect(matching(host, darwin_gems)).to be_empty
       end
     end
   end

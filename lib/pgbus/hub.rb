@@ -9,22 +9,10 @@ rescue LoadError => e
   libraries = Dir[File.expand_path("../pgbus_hub/*/pgbus_hub.*", __dir__)]
   raise if libraries.empty? # the source gem's extension: the original error says why
 
-  minor = RUBY_VERSION[/\A\d+\.\d+/]
-  built = libraries.map { |path| File.basename(File.dirname(path)) }
-  # A library for this Ruby that exists but does not load: most likely a gem for
-  # another libc or CPU (the glibc gem on a musl host says "Error loading shared
-  # library libgcc_s.so.1"). The loader's own words come first.
-  if built.include?(minor)
-    raise LoadError, "#{e.message}\npgbus-hub's library for Ruby #{minor} is here but did not load: most likely this " \
-                     "gem was built for another C library or CPU than this Ruby's (#{RUBY_PLATFORM}), e.g. the " \
-                     "glibc gem on a musl host. Reinstall for this platform (gem install pgbus-hub --platform " \
-                     "#{Gem::Platform.local}, RubyGems >= #{Pgbus::Hub::NATIVE_RUBYGEMS}), or build the source gem " \
-                     "(gem install pgbus-hub --platform ruby)"
-  end
-
-  raise LoadError, "pgbus-hub has no native extension for Ruby #{minor} here (built for " \
-                   "#{built.sort.join(', ')}): install the source gem (gem install pgbus-hub --platform ruby), " \
-                   "or run rake compile in a checkout"
+  # A library for this Ruby that exists but does not load (another libc or CPU, a
+  # macOS too old), or none for this Ruby: the loader's words, then why and what to do.
+  raise LoadError, Pgbus::Hub::LoadFailure.message(e.message, minor: RUBY_VERSION[/\A\d+\.\d+/],
+                                                               built: libraries.map { |path| File.basename(File.dirname(path)) })
 end
 require_relative "hub/events"
 require_relative "hub/configuration"

@@ -21,6 +21,7 @@ use tokio_postgres::Config;
 
 use super::{config_error, ConfigError};
 
+mod openssl_store;
 mod verifier;
 use verifier::PgVerifier;
 
@@ -408,15 +409,29 @@ fn pem_roots(path: &Path) -> Result<RootCertStore, ConfigError> {
 
 /// `sslrootcert=system`: the operating system's trust store.
 fn system_roots() -> Result<RootCertStore, ConfigError> {
-    let loaded = rustls_native_certs::load_native_certs();
-    if loaded.certs.is_empty() {
-        let reasons: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+    let (certs, reasons) = system_certs();
+    if certs.is_empty() {
         return Err(config_error(format!(
             "sslrootcert=system: no trusted root certificate found in the system store ({})",
             reasons.join("; ")
         )));
     }
-    roots_from("sslrootcert", SYSTEM_ROOTS, loaded.certs)
+    roots_from("sslrootcert", SYSTEM_ROOTS, certs)
+}
+
+/// The files OpenSSL would read (`SSL_CERT_FILE`/`SSL_CERT_DIR`, else the
+/// distribution's bundle), through `rustls-native-certs`.
+#[cfg(not(target_vendor = "apple"))]
+fn system_certs() -> (Vec<CertificateDer<'static>>, Vec<String>) {
+    let loaded = rustls_native_certs::load_native_certs();
+    let reasons = loaded.errors.iter().map(|e| e.to_string()).collect();
+    (loaded.certs, reasons)
+}
+
+/// macOS: the files libpq's OpenSSL reads there, no framework (openssl_store.rs).
+#[cfg(target_vendor = "apple")]
+fn system_certs() -> (Vec<CertificateDer<'static>>, Vec<String>) {
+    openssl_store::load(&openssl_store::env_trust_paths())
 }
 
 fn roots_from(

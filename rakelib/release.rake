@@ -1,0 +1,30 @@
+# frozen_string_literal: true
+
+# One command for a release's gems (issue 55 item 5): the source gem and every
+# precompiled one, each checked, then their SHA-256 sums. Needs what each part
+# needs: root (the chroots), PostgreSQL (rake packaging's install checks), a
+# Ruby 4.0 (PGBUS_HUB_RUBY40) and the Ruby sources of the darwin gems
+# (PGBUS_HUB_RUBY_SRC_3_3, _3_4, _4_0). Offline but for those sources, once the
+# chroots, the crates and the tools are cached.
+namespace :release do
+  desc "The source gem and the 6 platform gems (x86_64/aarch64 -gnu and -musl, arm64/x86_64 darwin), each " \
+       "checked (rake packaging, native:aarch64's qemu runs, native:darwin's Mach-O checks), then pkg/SHA256SUMS; " \
+       "needs PGBUS_HUB_RUBY40 and PGBUS_HUB_RUBY_SRC_3_3/_3_4/_4_0"
+  task :gems do
+    missing = DARWIN_MINORS - darwin_sources.keys
+    abort "release:gems: the darwin gems need every Ruby source: set #{missing.map { |minor| "PGBUS_HUB_RUBY_SRC_#{minor.tr('.', '_')}" }.join(', ')}" unless missing.empty?
+    abort "release:gems: set PGBUS_HUB_RUBY40 to a Ruby 4.0's bin/ruby (the -gnu gem carries 4.0)" unless ruby40
+
+    rm_f Dir[File.join(PKG, "*.gem")] + [File.join(PKG, "SHA256SUMS")]
+    Rake::Task[:packaging].invoke # rake gem, rake native (-gnu, musl, darwin), then the install checks
+    Rake::Task["native:aarch64"].invoke
+    gems = [File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}.gem"), *Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.map { |platform| native_gem(platform) }]
+    absent = gems.reject { |file| File.exist?(file) }
+    abort "release:gems: not built: #{absent.join(', ')}" unless absent.empty?
+
+    require "digest"
+    sums = gems.map { |file| "#{Digest::SHA256.file(file).hexdigest}  #{File.basename(file)}\n" }.join
+    File.write(File.join(PKG, "SHA256SUMS"), sums)
+    puts sums, "release:gems: #{gems.size} gems and pkg/SHA256SUMS"
+  end
+end
