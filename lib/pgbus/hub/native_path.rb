@@ -4,8 +4,10 @@ require "rbconfig"
 
 module Pgbus
   module Hub
-    # `rake compile` builds one extension per Ruby minor into the checkout (the
-    # host's and the Ruby 3.3 chroot's side by side); an installed gem loads `pgbus_hub`.
+    # The library for this Ruby minor under lib/pgbus_hub/<minor>/: what `rake compile` builds
+    # into a checkout (the host's and the Ruby 3.3 chroot's side by side) and every precompiled gem
+    # carries, one per minor. Only the source gem has none there: it compiles on install and
+    # `require "pgbus_hub"` finds that one.
     NATIVE_DEV_PATH = File.expand_path(
       "../../pgbus_hub/#{RUBY_VERSION[/\A\d+\.\d+/]}/pgbus_hub.#{RbConfig::CONFIG['DLEXT']}", __dir__
     )
