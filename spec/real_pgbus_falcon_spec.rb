@@ -37,10 +37,7 @@ RSpec.describe "real pgbus streams on Falcon with a pgbus-hub serve sidecar" do
   end
 
   def census
-    PG.connect(@url) do |conn|
-      conn.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen' " \
-                "and datname = current_database()").getvalue(0, 0).to_i
-    end
+    PG.connect(@url) { |conn| Census::Count.new(TestDatabase.census_rows(conn)) }
   end
 
   def get(path) = Net::HTTP.get(URI("http://127.0.0.1:#{@port}#{path}"))

@@ -25,7 +25,8 @@ RSpec.describe "reliability 11p: database outage under a Puma cluster", :reliabi
 
   def pg_census(pg)
     conn = pg.connect
-    conn.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen'").getvalue(0, 0).to_i
+    Census::Count.new(conn.exec("select pid, client_port, backend_start from pg_stat_activity " \
+                                "where application_name = 'pgbus-listen' order by pid").to_a)
   ensure
     conn&.close
   end
