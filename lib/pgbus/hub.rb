@@ -17,7 +17,4 @@ end
 require_relative "hub/events"
 require_relative "hub/configuration"
 require_relative "hub/boot"
-require_relative "hub/puma_plugin"
-require_relative "hub/pgbus_surface"
-require_relative "hub/pgbus_hub_client"
 require_relative "hub/pgbus_adapter"

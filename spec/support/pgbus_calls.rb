@@ -3,7 +3,7 @@
 # What pgbus calls on the objects pgbus-hub hands it, per pgbus release: the list
 # spec/pgbus_surface_spec.rb exercises on live objects (through spec/support/pgbus_standin/
 # surface_probe.rb) and docs/pgbus-surface.md shows (`rake docs:surface`). What pgbus-hub needs of
-# pgbus is the other half, in lib/pgbus/hub/pgbus_surface.rb (checked at install).
+# pgbus is the other half, in lib/pgbus/hub/pgbus_adapter.rb (checked at install).
 module PgbusCalls
   # The objects, by what pgbus builds them with (the pre-hub Listener: pgbus before 0.13.1).
   OBJECTS = {

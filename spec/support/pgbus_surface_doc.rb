@@ -8,7 +8,7 @@ require_relative "pgbus_calls"
 module PgbusSurfaceDoc
   PAGE = File.expand_path("../../docs/pgbus-surface.md", __dir__)
   BEGIN_MARK = "<!-- surface tables: written by `rake docs:surface` from spec/support/pgbus_calls.rb and " \
-               "lib/pgbus/hub/pgbus_surface.rb -->"
+               "lib/pgbus/hub/pgbus_adapter.rb -->"
   END_MARK = "<!-- end of surface tables -->"
 
   module_function

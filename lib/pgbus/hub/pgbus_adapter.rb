@@ -1,5 +1,110 @@
 # frozen_string_literal: true
 
+# The pgbus glue in one file: what it needs of pgbus (PgbusSurface, checked at install), the hub
+# client it hands pgbus 0.13.1+ (PgbusHubClient), and the adapter that installs it (PgbusAdapter;
+# installed at the end of this file, and at the app's first Pgbus.configure).
+module Pgbus
+  module Hub
+    # What pgbus-hub's glue uses of pgbus, per shape, checked at install before anything is
+    # prepended (the other side, what pgbus calls on our objects, is spec/support/pgbus_calls.rb's
+    # list). docs/pgbus-surface.md shows both (`rake docs:surface` writes its tables from them).
+    module PgbusSurface
+      SUPPORTED = "0.13.0 to 0.17"
+
+      # What the glue uses of pgbus, by shape: [constant path, kind, names]. Kinds: :class (defined),
+      # :keywords (its #initialize takes these keywords), :methods (its instances answer these),
+      # :singleton (the module/class itself answers these), :constants (defined under it).
+      STREAMER = "Pgbus::Web::Streamer"
+      CONFIGURATION = ["Pgbus::Configuration", :methods, %i[streams_enabled streams_connection_options
+                                                            streams_listen_health_check_ms]].freeze
+      NEEDS = {
+        hub_era: [
+          ["#{STREAMER}::HubClient", :keywords, %i[socket_path dispatch_queue]],
+          ["#{STREAMER}::HubClient::HubUnavailableError", :class, []],
+          ["#{STREAMER}::MasterHub", :keywords, %i[socket_path]],
+          ["#{STREAMER}::Listener", :constants, %i[CHANNEL_PREFIX CHANNEL_SUFFIX]],
+          [STREAMER, :singleton, %i[reset!]],
+          ["Pgbus", :singleton, %i[configuration logger]],
+          CONFIGURATION, ["Pgbus::Configuration", :methods, %i[streams_listen_scope]]
+        ],
+        pre_hub: [
+          ["#{STREAMER}::Listener", :keywords, %i[dispatch_queue]],
+          ["#{STREAMER}::Listener", :constants, %i[CHANNEL_PREFIX CHANNEL_SUFFIX]],
+          [STREAMER, :singleton, %i[reset!]],
+          ["Pgbus", :singleton, %i[configuration logger]],
+          ["Pgbus::ConfigurationError", :class, []], CONFIGURATION
+        ]
+      }.freeze
+
+      LACKS = { keywords: "%s.new(%s:)", methods: "%s#%s", singleton: "%s.%s", constants: "%s::%s" }.freeze
+
+      class << self
+        # What the loaded pgbus lacks of +shape+'s needs, as readable strings ([] when it has it all).
+        def missing(shape)
+          NEEDS.fetch(shape).flat_map do |path, kind, names|
+            target = Object.const_get(path) if Object.const_defined?(path)
+            next ["#{path} (not defined)"] unless target
+
+            names.reject { |name| has?(target, kind, name) }.map { |name| format(LACKS.fetch(kind), path, name) }
+          end
+        end
+
+        private
+
+        def has?(target, kind, name)
+          case kind
+          when :keywords then target.instance_method(:initialize).parameters.any? { |type, key| type.to_s.start_with?("key") && key == name }
+          when :methods then target.method_defined?(name)
+          when :singleton then target.respond_to?(name)
+          when :constants then target.const_defined?(name, false)
+          end
+        end
+      end
+    end
+  end
+end
+
+module Pgbus
+  module Hub
+    # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
+    # FailoverListener at pgbus's socket_path, answering that client's calls (docs/pgbus-surface.md).
+    # pgbus's own FailoverListener stays on a connection of its own until the worker recycles; ours
+    # comes back once a hub answers at the socket again (a restarted sidecar), so it never reports the
+    # hub's failure to pgbus's: on_failure goes unused, and so does ack_timeout (ours waits one LISTEN budget).
+    # Where our listener cannot be built from pgbus's configuration (streams off, a Proc connection),
+    # pgbus's own client serves, as without this gem. The configuration read is pgbus's global one
+    # (what pgbus's Instance uses unless a test hands it another: HubClient.new is not given it).
+    module PgbusHubClient
+      def new(**keywords)
+        options = PgbusAdapter.worker_options or return super
+        FailoverListenerAsHubClient.new(self::HubUnavailableError, **Hub.listener_keywords(options),
+                                        socket_path: keywords.fetch(:socket_path),
+                                        dispatch_queue: keywords.fetch(:dispatch_queue), logger: keywords[:logger])
+      end
+    end
+
+    # The calls pgbus's Instance, FailoverListener and shutdown make on a hub client that a
+    # FailoverListener does not answer under the same name. Started at `connect`; after `stop`
+    # ensure_listening is nil and the hub neither healthy nor dead, so pgbus never opens a
+    # connection of its own while shutting down.
+    class FailoverListenerAsHubClient < FailoverListener
+      def initialize(unavailable_error, **keywords)
+        @unavailable_error = unavailable_error
+        super(**keywords)
+      end
+
+      # Idempotent (start is). pgbus rescues its HubUnavailableError here and builds its own per-worker listener.
+      def connect
+        start
+      rescue StandardError => e
+        raise @unavailable_error, "pgbus-hub could not start this worker's listener: #{e.class}: #{e.message}"
+      end
+
+      def dead? = failed_over?
+    end
+  end
+end
+
 module Pgbus
   module Hub
     # The pgbus glue, chosen once by pgbus's shape, through pgbus's public

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# `plugin :pgbus_hub` (or :pgbus_streams): lib/pgbus/hub/puma_plugin.rb.
+# `plugin :pgbus_hub` (or :pgbus_streams): lib/pgbus/hub/boot.rb (PumaPlugin).
 require "puma/plugin"
 require "pgbus/hub"
 
