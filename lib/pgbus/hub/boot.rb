@@ -157,11 +157,7 @@ module Pgbus
         end
       end
     end
-  end
-end
 
-module Pgbus
-  module Hub
     # Puma's log (5.6: launcher.events; 6+: launcher.log_writer, with the app's log_formatter) as the logger
     # the hub's threads write to ("SEVERITY message", INFO and up): what they call (`add` with Logger's severities,
     # `info`...) without the stdlib Logger, not a default gem in Ruby 4.0 (a Bundler app without it still boots).

@@ -61,11 +61,7 @@ module Pgbus
         end
       end
     end
-  end
-end
 
-module Pgbus
-  module Hub
     # pgbus 0.13.1+'s HubClient.new, as its Instance builds the worker's hub client: our
     # FailoverListener at pgbus's socket_path, answering that client's calls (docs/pgbus-surface.md).
     # pgbus's own FailoverListener stays on a connection of its own until the worker recycles; ours
@@ -102,11 +98,7 @@ module Pgbus
 
       def dead? = failed_over?
     end
-  end
-end
 
-module Pgbus
-  module Hub
     # The pgbus glue, chosen once by pgbus's shape, through pgbus's public
     # constructors and configuration (prepended: zeitwerk and eager loading keep working).
     # pgbus 0.13.1+: its HubClient.new and MasterHub.new build ours; its own
