@@ -174,15 +174,18 @@ async fn write_loop(
             continue;
         }
         catch_up_poll = CATCH_UP_POLL_FIRST;
+        // Observed as the acks are handed to the socket, not after the write returns: a worker
+        // holding its ack (a scrape right after its subscribe returned) must find it counted.
+        // An ack whose write then fails is counted all the same (its worker is gone).
+        for read_at in acks.drain(..) {
+            shared.subscribe_ack.observe(read_at);
+        }
         if writer.write_frames(&batch).await.is_err() {
             break; // EPIPE/ECONNRESET: the reader sees it too and cleans up.
         }
         shared
             .frames_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        for read_at in acks.drain(..) {
-            shared.subscribe_ack.observe(read_at);
-        }
     }
     worker.close();
 }
