@@ -173,3 +173,45 @@ fn an_ack_a_worker_holds_is_already_counted() {
         assert_eq!(hub.stats().subscribe_ack.count, i, "after sub {i}");
     }
 }
+
+/// Issue 54 item 6: a hub that replaces another at the same socket path in
+/// the same process carries on from its counters, so a scrape never sees a
+/// `_total` fall (Prometheus' `rate()` would read a reset); a hub at another
+/// path starts from 0.
+#[test]
+fn a_hub_replaced_in_the_same_process_keeps_counting_up() {
+    let Some(fx) = Fixture::new() else { return };
+    let mut first = MasterHub::start(with_metrics(fx.config("replaced"), 0)).unwrap();
+    let mut peer = Peer::connect(&first);
+    peer.subscribe("replaced_a");
+    peer.subscribe("replaced_b");
+    drop(peer);
+    first.stop();
+    let before = first.stats();
+    assert_eq!(before.subscribe_ack.count, 2);
+    assert!(before.frames_sent >= 2, "{before:?}");
+
+    let second = MasterHub::start(with_metrics(fx.config("replaced"), 0)).unwrap();
+    let carried = second.stats();
+    assert_eq!(carried.subscribe_ack.count, 2, "carried, before any sub");
+    assert!(carried.frames_sent >= before.frames_sent);
+    let mut peer = Peer::connect(&second);
+    peer.subscribe("replaced_c");
+    let address = second.stats().metrics_address.unwrap();
+    let answer = request(address, "GET", "/metrics");
+    let samples = samples(&answer);
+    assert!(
+        samples.contains(&"pgbus_hub_subscribe_ack_seconds_count 3"),
+        "{answer}"
+    );
+    let frames = samples
+        .iter()
+        .find_map(|l| l.strip_prefix("pgbus_hub_frames_sent_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect(&answer);
+    assert!(frames > before.frames_sent, "{frames} after {before:?}");
+
+    let elsewhere = MasterHub::start(fx.config("replaced_elsewhere")).unwrap();
+    assert_eq!(elsewhere.stats().subscribe_ack.count, 0);
+    assert_eq!(elsewhere.stats().frames_sent, 0);
+}

@@ -17,6 +17,7 @@
 //! - [`server`]: socket creation (0600, stale-socket rules), peer uid, shutdown(2).
 //! - [`stale`]: sockets other hubs left beside ours when killed (removed at start).
 //! - [`metrics`]: the stats as Prometheus metrics, and `GET /metrics` (a thread of its own).
+//! - [`totals`]: the counters a hub at the same socket path carries on from, within one process.
 
 mod command;
 pub mod limits;
@@ -28,6 +29,7 @@ mod router;
 pub mod server;
 mod stale;
 mod supervisor;
+mod totals;
 mod worker_connection;
 
 use crate::listener::{self, ListenerConfig, ListenerStats};
@@ -45,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use totals::Totals;
 
 pub use limits::{
     DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT, DEFAULT_MAX_CHANNELS,
@@ -196,6 +199,8 @@ pub(crate) struct HubShared {
     refused_subs: AtomicU64,
     listener_restarts: AtomicU64,
     subscribe_ack: AckHistogram,
+    /// What earlier hubs at this socket path counted in this process: added to every counter.
+    carried: Totals,
     /// Set once the metrics endpoint listens.
     metrics_address: OnceLock<std::net::SocketAddr>,
     /// The current engine's stats (replaced when the engine is restarted).
@@ -225,6 +230,7 @@ impl HubShared {
             refused_subs: AtomicU64::new(0),
             listener_restarts: AtomicU64::new(0),
             subscribe_ack: AckHistogram::new(),
+            carried: Totals::carried(&config.socket_path),
             metrics_address: OnceLock::new(),
             listener: Mutex::new(None),
             #[cfg(feature = "fault-injection")]
@@ -237,7 +243,7 @@ impl HubShared {
     fn stats(&self, threads: usize) -> HubStats {
         let listener = lock(&self.listener).clone();
         let listener = listener.as_deref();
-        HubStats {
+        let mut stats = HubStats {
             workers: self.workers.load(Ordering::Relaxed),
             worker_processes: self.worker_processes.load(Ordering::Relaxed),
             channels: self.channels.load(Ordering::Relaxed),
@@ -263,7 +269,9 @@ impl HubShared {
             metrics_address: self.metrics_address.get().copied(),
             uptime: self.started.elapsed(),
             limits: self.limits.clone(),
-        }
+        };
+        self.carried.add_to(&mut stats);
+        stats
     }
 }
 
@@ -409,6 +417,7 @@ impl MasterHub {
         }
         // Either way: no worker connects to a stopping hub.
         socket.unlink_if_ours(&self.socket_path);
+        Totals::keep(&self.socket_path, &self.stats());
         self.shared.log.info(format!(
             "master hub at {} stopped",
             self.socket_path.display()
@@ -433,6 +442,7 @@ impl Drop for MasterHub {
             drop(metrics);
             drop(thread);
             socket.unlink_if_ours(&self.socket_path);
+            Totals::keep(&self.socket_path, &self.stats());
             self.shared.log.info(format!(
                 "master hub at {} dropped without stop: its thread stops on its own",
                 self.socket_path.display()
