@@ -11,7 +11,7 @@
 //! ignored). Their strings are decoded as they are: whether a `marker` may be
 //! committed (a `pgbus_hub.handover.*` channel, a `move.` token of at most 100
 //! bytes) is checked in one place, where a cut is made
-//! (`listener::Cut::new`, plan step 2), so a refused request is answered without
+//! ([`crate::listener::Cut::new`]), so a refused request is answered without
 //! closing the peer's connection, and nothing reaches a NOTIFY unchecked.
 
 use serde::{Deserialize, Serialize};
