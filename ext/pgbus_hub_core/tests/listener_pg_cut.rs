@@ -14,7 +14,9 @@ mod support_wait;
 
 include!("support_listener_pg/engine.rs");
 
-use pgbus_hub_core::listener::{cut_token, Cut, CutError, Start, PRIVATE_CHANNEL_PREFIX};
+use pgbus_hub_core::listener::{
+    cut_token, Cut, CutError, ListenerState, Start, PRIVATE_CHANNEL_PREFIX,
+};
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
@@ -286,6 +288,71 @@ async fn a_start_with_a_set_and_a_cut_takes_over_at_its_first_transactions_marke
     let (from_old, from_new) = assert_cut_exactly(&old_all, &new_all, &token, sent);
     eprintln!(
         "start with a cut: {sent} sent, {from_old} by the old side, {from_new} by the new one"
+    );
+}
+
+/// The old side in the middle of a handover (issue 46) when the cut is
+/// committed: its given-up connection frozen (a NAT entry lost), its new one
+/// up and holding what it reads after the handover marker, the cut's marker
+/// among it. Thawed, the given-up connection delivers up to the handover
+/// marker, then the held ones are delivered: the cut's marker in its place,
+/// nothing after it.
+#[tokio::test]
+async fn a_cut_during_a_handover_is_held_and_delivered_in_its_place() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let proxy = support_pg::FreezableProxy::start(&database_url());
+    let channel = tag();
+    let through_proxy = ConnectionOptions::parse(&proxy.url).unwrap();
+    let (old, old_items) = collected_engine(through_proxy, Start::default());
+    old.listen(&channel).await.expect("the old side LISTENs");
+    let notifier = Notifier::start(&channel);
+    let (new, new_items) = collected_engine(options, Start::default());
+    new.listen(&channel).await.expect("the new side LISTENs");
+    support_wait::wait_until_async("both sides delivering", || {
+        numbers(&snapshot(&old_items)).len() >= STEADY
+            && numbers(&snapshot(&new_items)).len() >= STEADY
+    })
+    .await;
+    proxy.freeze_existing();
+    support_wait::wait_until_async("the old side handing over", || {
+        old.stats.state() == ListenerState::HandingOver
+    })
+    .await;
+
+    let token = cut_token();
+    old.handle.stop_at(Some(&token));
+    let old_channel = old.stats.private_channel().expect("a private channel");
+    let cut = Cut::new(old_channel, token.clone()).unwrap();
+    let committed = tokio::time::timeout(WAIT, new.handle.commit_cut(cut)).await;
+    assert_eq!(committed.expect("answered in time"), Ok(Ok(())));
+    support_wait::wait_until_async("the new side past its marker", || {
+        after_marker(&new_items, &token) >= STEADY
+    })
+    .await;
+    // The old side's marker is held behind its frozen connection's backlog.
+    assert_eq!(after_marker(&old_items, &token), 0);
+    assert!(split_at_marker(&snapshot(&old_items), &token).is_none());
+    proxy.thaw();
+    support_wait::wait_until_async("the old side's handover", || old.stats.handovers() == 1).await;
+    let sent = notifier.stop();
+    support_wait::wait_until_async("the new side's last number", || {
+        numbers(&snapshot(&new_items)).last() == Some(&(sent - 1))
+    })
+    .await;
+    support_wait::wait_until_async("the old side reading past its marker", || {
+        old.stats.ignored_notifications() > 0
+    })
+    .await;
+    assert_eq!(old.stats.abandoned_connections(), 0);
+    old.stop().await;
+    new.stop().await;
+
+    let (from_old, from_new) =
+        assert_cut_exactly(&snapshot(&old_items), &snapshot(&new_items), &token, sent);
+    eprintln!(
+        "cut during a handover: {sent} sent, {from_old} by the old side, {from_new} by the new one"
     );
 }
 
