@@ -157,6 +157,9 @@ impl Pump {
                     ("on_failure", call_option(target(targets.on_failure), ()))
                 }
                 Delivery::Failed { .. } => continue,
+                // A cut's marker is the worker's FailoverListener's to switch
+                // sides at (docs/architecture.md, "Planned events"): nothing for Ruby.
+                Delivery::Marker { .. } => continue,
                 Delivery::Listening { queue, ticket } => (
                     "on_listening",
                     call_option(target(targets.on_listening), (queue, ticket)),

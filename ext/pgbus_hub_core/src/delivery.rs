@@ -23,6 +23,11 @@ pub enum Delivery {
     /// A LISTEN asked without waiting ([`crate::failover::FailoverListener::listen_async`],
     /// which returned `ticket`) is active.
     Listening { queue: String, ticket: u64 },
+    /// A cut's marker K, in stream order (docs/architecture.md, "The cut"):
+    /// every wake before it precedes the cut, every one after it follows it.
+    /// Never for the embedding runtime: the worker's FailoverListener
+    /// switches sides at it.
+    Marker { token: String },
 }
 
 #[derive(Clone, Debug)]

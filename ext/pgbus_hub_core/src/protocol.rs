@@ -4,6 +4,15 @@
 //! The body is at most [`MAX_FRAME_BYTES`]. A short read is never a frame: the
 //! [`Decoder`] keeps partial bytes until the rest arrives, and a stream that
 //! ends mid-frame is end-of-stream, not a truncated message.
+//!
+//! Our extensions for planned events (docs/architecture.md, "Planned events"):
+//! `move`, `marker` and `replace` ([`Move`], [`Marker`], [`Replace`]). pgbus's
+//! Ruby peers, and pgbus-hub before them, decode them as unknown kinds (logged,
+//! ignored). Their strings are decoded as they are: whether a `marker` may be
+//! committed (a `pgbus_hub.handover.*` channel, a `move.` token of at most 100
+//! bytes) is checked in one place, where a cut is made
+//! ([`crate::listener::Cut::new`]), so a refused request is answered without
+//! closing the peer's connection, and nothing reaches a NOTIFY unchecked.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -158,7 +167,8 @@ pub enum ProtocolError {
     /// The body is JSON but not an object; carries the Ruby class name it
     /// would have decoded to ("Array", "String", "NilClass", ...).
     NotAnObject(&'static str),
-    /// A known message kind is missing a field or has one of the wrong type.
+    /// A known message kind is missing a field or has one of the wrong type
+    /// (for `replace`'s integers, one out of range).
     BadField { kind: String, field: &'static str },
 }
 
@@ -174,7 +184,13 @@ impl fmt::Display for ProtocolError {
                 write!(f, "malformed frame: expected a JSON object, got {class}")
             }
             Self::BadField { kind, field } => {
-                write!(f, "malformed frame: {kind:?} needs a string {field:?}")
+                let what = match *field {
+                    "healthy" => "a boolean",
+                    "stats" => "an object",
+                    "pid" | "moved" | "unmoved" => "an unsigned integer",
+                    _ => "a string",
+                };
+                write!(f, "malformed frame: {kind:?} needs {what} {field:?}")
             }
         }
     }
@@ -203,8 +219,63 @@ pub enum Message {
     /// None) from any connection, answered by the hub with
     /// `{"t":"stats","stats":{...}}` (Some). pgbus's peers never send it.
     Stats(Option<Object>),
+    /// Our extension: a hub hands a worker over (`{"t":"move",...}`, both ways).
+    Move(Move),
+    /// Our extension: a cut's marker asked for and read (`{"t":"marker",...}`, both ways).
+    Marker(Marker),
+    /// Our extension: a new hub takes over from an old one (`{"t":"replace",...}`, both ways).
+    Replace(Replace),
     /// Any other "t" (or none): decodes fine; receivers log and ignore it.
     Unknown(Object),
+}
+
+/// `move`: a hub hands a worker over (docs/architecture.md, "The frames").
+/// One kind both ways; `c` tells the directions apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Move {
+    /// hub → worker, `{"t":"move","c":C,"k":K}` (and `"to":S` when a hub
+    /// replaces this one): leave this hub; the cut is `token` on `channel`,
+    /// the hub's private channel. Without `to`: start your own LISTEN
+    /// connection; with it: subscribe through the hub at the socket path `to`.
+    Leave {
+        channel: String,
+        token: String,
+        to: Option<String>,
+    },
+    /// worker → hub, `{"t":"move","k":K}`: the answer, on my way.
+    Answer { token: String },
+}
+
+/// `marker`: a cut committed on request, and read (docs/architecture.md,
+/// "The frames"). One kind both ways; `c` tells the directions apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// worker → hub, `{"t":"marker","c":C,"k":K}`: commit the cut, `NOTIFY
+    /// channel, token` with `NOTIFY <your private channel>, token` in one
+    /// transaction, and tell me when you read it. `channel` is the old side's
+    /// private channel.
+    Commit { channel: String, token: String },
+    /// hub → worker, `{"t":"marker","k":K}`: I read `token`: every wake
+    /// before this frame precedes the cut.
+    Read { token: String },
+}
+
+/// `replace`: a new hub (N) takes over the socket path of an old one (O)
+/// (docs/architecture.md, "3. A new hub replaces an old one"). One kind for
+/// the request and every answer; the fields tell them apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replace {
+    /// N → O, `{"t":"replace"}`: may I take over?
+    Request,
+    /// O → N, `{"t":"replace","pid":P,"database":D}`: who serves, and on which database.
+    Serving { pid: u32, database: String },
+    /// O → N, `{"t":"replace","reason":R}`: no (O is stopping, or being replaced already).
+    Refused { reason: String },
+    /// N → O, `{"t":"replace","to":S}`: the socket path S is N's now; move every worker there.
+    To(String),
+    /// O → N, `{"t":"replace","moved":M,"unmoved":U}`: O yields; M workers
+    /// moved at their markers, U closed without.
+    Yielded { moved: u64, unmoved: u64 },
 }
 
 /// Field order matters: it is the reference encoder's (Ruby Hash insertion) order.
@@ -254,6 +325,46 @@ enum Wire<'a> {
         c: &'a str,
         p: &'a str,
     },
+    #[serde(rename = "move")]
+    MoveLeave {
+        c: &'a str,
+        k: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        to: Option<&'a str>,
+    },
+    #[serde(rename = "move")]
+    MoveAnswer {
+        k: &'a str,
+    },
+    #[serde(rename = "marker")]
+    MarkerCommit {
+        c: &'a str,
+        k: &'a str,
+    },
+    #[serde(rename = "marker")]
+    MarkerRead {
+        k: &'a str,
+    },
+    #[serde(rename = "replace")]
+    ReplaceRequest {},
+    #[serde(rename = "replace")]
+    ReplaceServing {
+        pid: u32,
+        database: &'a str,
+    },
+    #[serde(rename = "replace")]
+    ReplaceRefused {
+        reason: &'a str,
+    },
+    #[serde(rename = "replace")]
+    ReplaceTo {
+        to: &'a str,
+    },
+    #[serde(rename = "replace")]
+    ReplaceYielded {
+        moved: u64,
+        unmoved: u64,
+    },
 }
 
 impl Message {
@@ -267,6 +378,9 @@ impl Message {
             Self::Status { .. } => "status",
             Self::Nack { .. } => "nack",
             Self::Stats(_) => STATS_KIND,
+            Self::Move(_) => "move",
+            Self::Marker(_) => "marker",
+            Self::Replace(_) => "replace",
             Self::Unknown(_) => "unknown",
         }
     }
@@ -294,6 +408,30 @@ impl Message {
             },
             Self::Stats(stats) => Wire::Stats {
                 stats: stats.as_ref(),
+            },
+            Self::Move(Move::Leave { channel, token, to }) => Wire::MoveLeave {
+                c: channel,
+                k: token,
+                to: to.as_deref(),
+            },
+            Self::Move(Move::Answer { token }) => Wire::MoveAnswer { k: token },
+            Self::Marker(Marker::Commit { channel, token }) => Wire::MarkerCommit {
+                c: channel,
+                k: token,
+            },
+            Self::Marker(Marker::Read { token }) => Wire::MarkerRead { k: token },
+            Self::Replace(replace) => match replace {
+                Replace::Request => Wire::ReplaceRequest {},
+                Replace::Serving { pid, database } => Wire::ReplaceServing {
+                    pid: *pid,
+                    database,
+                },
+                Replace::Refused { reason } => Wire::ReplaceRefused { reason },
+                Replace::To(to) => Wire::ReplaceTo { to },
+                Replace::Yielded { moved, unmoved } => Wire::ReplaceYielded {
+                    moved: *moved,
+                    unmoved: *unmoved,
+                },
             },
             Self::Unknown(object) => return encode_object(object),
         };
@@ -385,9 +523,74 @@ impl Message {
                 Some(Value::Object(stats)) => Self::Stats(Some(stats)),
                 Some(_) => return Err(bad("stats")),
             },
+            "move" => {
+                let token = take_string("k")?;
+                match optional_string(&mut object, "c").map_err(bad)? {
+                    Some(channel) => Self::Move(Move::Leave {
+                        channel,
+                        token,
+                        to: optional_string(&mut object, "to").map_err(bad)?,
+                    }),
+                    // `to` belongs to the hub's `move` only.
+                    None if object.contains_key("to") => return Err(bad("c")),
+                    None => Self::Move(Move::Answer { token }),
+                }
+            }
+            "marker" => {
+                let token = take_string("k")?;
+                Self::Marker(match optional_string(&mut object, "c").map_err(bad)? {
+                    Some(channel) => Marker::Commit { channel, token },
+                    None => Marker::Read { token },
+                })
+            }
+            "replace" => Self::Replace(decode_replace(&mut object).map_err(bad)?),
             _ => Self::Unknown(object),
         })
     }
+}
+
+/// `field` as a string, None when absent; `Err(field)` when it is something else.
+fn optional_string(
+    object: &mut Object,
+    field: &'static str,
+) -> Result<Option<String>, &'static str> {
+    match object.remove(field) {
+        None => Ok(None),
+        Some(Value::String(value)) => Ok(Some(value)),
+        Some(_) => Err(field),
+    }
+}
+
+/// `field` as an unsigned integer; `Err(field)` when absent or anything else.
+fn integer(object: &mut Object, field: &'static str) -> Result<u64, &'static str> {
+    object
+        .remove(field)
+        .and_then(|value| value.as_u64())
+        .ok_or(field)
+}
+
+/// Which `replace` it is, by the first of its fields present: `pid`
+/// (with `database`), `reason`, `to`, `moved` (with `unmoved`), or none (the
+/// request). Other fields are ignored, as in every kind.
+fn decode_replace(object: &mut Object) -> Result<Replace, &'static str> {
+    if object.contains_key("pid") {
+        let pid = u32::try_from(integer(object, "pid")?).map_err(|_| "pid")?;
+        let database = optional_string(object, "database")?.ok_or("database")?;
+        return Ok(Replace::Serving { pid, database });
+    }
+    if let Some(reason) = optional_string(object, "reason")? {
+        return Ok(Replace::Refused { reason });
+    }
+    if let Some(to) = optional_string(object, "to")? {
+        return Ok(Replace::To(to));
+    }
+    if object.contains_key("moved") {
+        return Ok(Replace::Yielded {
+            moved: integer(object, "moved")?,
+            unmoved: integer(object, "unmoved")?,
+        });
+    }
+    Ok(Replace::Request)
 }
 
 /// A wake frame exactly as peers write it (`{"t":"wake","q":..,"p":..}`),

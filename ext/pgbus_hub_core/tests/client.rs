@@ -390,6 +390,42 @@ fn unknown_frames_are_logged_and_ignored() {
     assert!(!s.client.is_dead());
 }
 
+/// Issue 56's frames reach this client before it acts on them (plan step
+/// 4): logged and ignored as any unknown frame, the client alive.
+#[test]
+fn move_and_marker_frames_are_logged_as_unknown_and_ignored_for_now() {
+    use pgbus_hub_core::protocol::{Marker, Move};
+    let _serial = shared();
+    let s = setup(Behaviour::default());
+    s.hub.send(&Message::Move(Move::Leave {
+        channel: "pgbus_hub.handover.1.2".into(),
+        token: "move.1.2.3".into(),
+        to: None,
+    }));
+    s.hub.send(&Message::Marker(Marker::Read {
+        token: "move.1.2.3".into(),
+    }));
+    s.hub.send(&wake("q", None));
+    assert_eq!(
+        s.deliveries.recv_timeout(Duration::from_secs(5)),
+        Some(Delivery::Wake(Wake::durable("q")))
+    );
+    let warnings: Vec<String> = s
+        .logs
+        .try_iter()
+        .filter(|r| r.level == Level::Warn)
+        .map(|r| r.message)
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            r#"[pgbus-hub] HubClient: hub sent unknown frame "move"; ignored"#,
+            r#"[pgbus-hub] HubClient: hub sent unknown frame "marker"; ignored"#,
+        ]
+    );
+    assert!(!s.client.is_dead());
+}
+
 #[test]
 fn nack_rejects_that_waiter_only_and_the_client_lives() {
     let _serial = shared();

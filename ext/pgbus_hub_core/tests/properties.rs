@@ -1,6 +1,8 @@
 //! Property tests: round trips for arbitrary strings, and chunking independence.
 
-use pgbus_hub_core::protocol::{decode_body, Decoder, Message, Object, Wake};
+use pgbus_hub_core::protocol::{
+    decode_body, Decoder, Marker, Message, Move, Object, Replace, Wake,
+};
 use proptest::prelude::*;
 
 fn message() -> impl Strategy<Value = Message> {
@@ -17,6 +19,27 @@ fn message() -> impl Strategy<Value = Message> {
         any::<bool>().prop_map(|healthy| Message::Status { healthy }),
         (any::<String>(), any::<String>())
             .prop_map(|(queue, reason)| Message::Nack { queue, reason }),
+        (
+            any::<String>(),
+            any::<String>(),
+            proptest::option::of(any::<String>())
+        )
+            .prop_map(|(channel, token, to)| Message::Move(Move::Leave {
+                channel,
+                token,
+                to
+            })),
+        any::<String>().prop_map(|token| Message::Move(Move::Answer { token })),
+        (any::<String>(), any::<String>())
+            .prop_map(|(channel, token)| Message::Marker(Marker::Commit { channel, token })),
+        any::<String>().prop_map(|token| Message::Marker(Marker::Read { token })),
+        Just(Message::Replace(Replace::Request)),
+        (any::<u32>(), any::<String>())
+            .prop_map(|(pid, database)| Message::Replace(Replace::Serving { pid, database })),
+        any::<String>().prop_map(|reason| Message::Replace(Replace::Refused { reason })),
+        any::<String>().prop_map(|to| Message::Replace(Replace::To(to))),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(moved, unmoved)| Message::Replace(Replace::Yielded { moved, unmoved })),
     ]
 }
 

@@ -2,7 +2,7 @@
 //! a verbatim copy of the shared file) must hold for our encoder and decoder.
 
 use pgbus_hub_core::protocol::{
-    self, Decoder, Message, Object, ProtocolError, Wake, MAX_FRAME_BYTES,
+    self, Decoder, Marker, Message, Move, Object, ProtocolError, Replace, Wake, MAX_FRAME_BYTES,
 };
 use serde_json::Value;
 
@@ -108,4 +108,82 @@ fn error_messages_use_the_reference_wording() {
         .unwrap_err()
         .to_string()
         .starts_with("malformed frame: "));
+}
+
+/// The kinds pgbus-hub decoded before issue 56's frames: an older pgbus-hub
+/// worker or hub decodes any other "t" as [`Message::Unknown`] (logged, ignored).
+const OLDER_PGBUS_HUB_KINDS: [&str; 10] = [
+    "sub", "unsub", "ack", "wake", "status", "nack", "stats", "listen", "unlisten", "notify",
+];
+
+/// Issue 56's frames (`move`, `marker`, `replace`), as pgbus's Ruby peers
+/// read them: a whole JSON object (the reader is the reference's), of a kind
+/// none of the vectors' messages has, so it is handled as the `unknown_type`
+/// case is (logged, ignored; the connection kept); and a kind older
+/// pgbus-hub peers did not know either. Ruby's encoder makes the same bytes
+/// of that object, so a peer that relays it relays it unchanged.
+#[test]
+fn the_planned_events_frames_are_unknown_kinds_to_pgbus_and_older_peers() {
+    let vectors = vectors();
+    let pgbus_kinds: Vec<&str> = vectors["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|case| case["kind"] == "valid" && case["name"] != "unknown_type")
+        .map(|case| case["message"]["t"].as_str().unwrap())
+        .collect();
+    assert!(pgbus_kinds.contains(&"wake") && pgbus_kinds.contains(&"sub"));
+    let (channel, token) = ("pgbus_hub.handover.1.00000000000000ff", "move.1.ff.1");
+    let frames = [
+        Message::Move(Move::Leave {
+            channel: channel.into(),
+            token: token.into(),
+            to: Some("/tmp/s.sock".into()),
+        }),
+        Message::Move(Move::Answer {
+            token: token.into(),
+        }),
+        Message::Marker(Marker::Commit {
+            channel: channel.into(),
+            token: token.into(),
+        }),
+        Message::Marker(Marker::Read {
+            token: token.into(),
+        }),
+        Message::Replace(Replace::Request),
+        Message::Replace(Replace::Serving {
+            pid: 7,
+            database: "d".into(),
+        }),
+        Message::Replace(Replace::Refused {
+            reason: "stopping".into(),
+        }),
+        Message::Replace(Replace::To("/tmp/s.sock".into())),
+        Message::Replace(Replace::Yielded {
+            moved: 2,
+            unmoved: 0,
+        }),
+    ];
+    for message in frames {
+        let bytes = message.encode().unwrap();
+        let (objects, end) = read_all(&bytes);
+        assert_eq!(end, Ok(()), "{message:?}");
+        let [object] = objects.as_slice() else {
+            panic!("{message:?}: one frame");
+        };
+        let kind = object["t"].as_str().unwrap();
+        assert_eq!(kind, message.kind());
+        assert!(!pgbus_kinds.contains(&kind), "{kind}: pgbus knows it");
+        assert!(
+            !OLDER_PGBUS_HUB_KINDS.contains(&kind),
+            "{kind}: older pgbus-hub knows it"
+        );
+        assert_eq!(protocol::encode_object(object).unwrap(), bytes, "{kind}");
+    }
+    // And the existing unknown kind stays unknown.
+    let bogus = protocol::decode_body(br#"{"t":"bogus","q":"x"}"#).unwrap();
+    assert!(matches!(
+        Message::from_object(bogus),
+        Ok(Message::Unknown(_))
+    ));
 }

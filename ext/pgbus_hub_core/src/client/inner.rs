@@ -216,7 +216,15 @@ impl Inner {
             Message::Nack { queue, reason } => {
                 self.answer_oldest(&queue, "nack", Outcome::Rejected(reason))
             }
-            Message::Sub(_) | Message::Unsub(_) | Message::Stats(_) | Message::Unknown(_) => {
+            // `move` and `marker` are ignored as unknown frames until this
+            // client acts on them (issue 56, docs/architecture.md's plan, step 4).
+            Message::Sub(_)
+            | Message::Unsub(_)
+            | Message::Stats(_)
+            | Message::Move(_)
+            | Message::Marker(_)
+            | Message::Replace(_)
+            | Message::Unknown(_) => {
                 self.log.warn(format!(
                     "{LOG_PREFIX} hub sent unknown frame {}; ignored",
                     describe_kind(&message)
@@ -242,7 +250,9 @@ fn describe_kind(message: &Message) -> String {
     match message {
         Message::Sub(_) => "\"sub\"".into(),
         Message::Unsub(_) => "\"unsub\"".into(),
-        Message::Stats(_) => "\"stats\"".into(),
+        Message::Stats(_) | Message::Move(_) | Message::Marker(_) | Message::Replace(_) => {
+            format!("{:?}", message.kind())
+        }
         Message::Unknown(object) => match object.get("t") {
             Some(kind) => kind.to_string(),
             None => "without \"t\"".into(),

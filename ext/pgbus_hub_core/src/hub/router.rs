@@ -118,6 +118,12 @@ impl Router {
                     self.broadcast_status();
                 }
             }
+            // No worker awaits a cut's marker until the hub hands workers
+            // over (issue 56, docs/architecture.md's plan, step 3): another
+            // session NOTIFYed it on the hub's private channel.
+            Event::Marker(token) => self.shared.log.debug(format!(
+                "the LISTEN engine read the marker {token:?}, which no worker awaits — ignored"
+            )),
         }
     }
 

@@ -270,6 +270,16 @@ fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) 
             queue,
         }),
         Message::Stats(_) => Next::Send(Command::Stats(worker.id)),
+        // Logged exactly as an unknown frame until the hub acts on them
+        // (issue 56, docs/architecture.md's plan, step 3).
+        Message::Move(_) | Message::Marker(_) | Message::Replace(_) => {
+            log.warn(format!(
+                "{} sent unknown frame (t={:?}) — ignored",
+                worker.label(),
+                message.kind()
+            ));
+            Next::Ignore
+        }
         Message::Unknown(object) => {
             let kind = object
                 .get("t")

@@ -10,7 +10,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Command, Event, ListenError, ListenerConfig, ListenerState, ListenerStats, Reply};
+use super::{
+    Command, Cut, CutError, Event, ListenError, ListenerConfig, ListenerState, ListenerStats,
+    Reply, Start,
+};
 use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
@@ -97,6 +100,13 @@ pub(super) struct Engine<F> {
     ever_connected: bool,
     backoff_step: u32,
     handover: handover::Handover,
+    /// The cut to commit in the next connection's first transaction
+    /// ([`Start::cut`]); taken once committed.
+    start_cut: Option<Cut>,
+    /// The marker to deliver last ([`super::ListenerHandle::stop_at`]).
+    stop_at: Option<String>,
+    /// That marker was delivered: nothing more is.
+    stopped_at_cut: bool,
 }
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
@@ -111,7 +121,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         stats.state.set(ListenerState::Connecting);
         stats.set_backend(None);
         stats.channels.store(0, Ordering::Relaxed);
-        let health_check = config.health_check;
+        let handover = handover::Handover::new(config.health_check);
+        stats.set_private_channel(handover.channel());
         Self {
             config,
             stats,
@@ -124,8 +135,31 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             healthy: false,
             ever_connected: false,
             backoff_step: 0,
-            handover: handover::Handover::new(health_check),
+            handover,
+            start_cut: None,
+            stop_at: None,
+            stopped_at_cut: false,
         }
+    }
+
+    /// The set and the cut of the first transaction (see [`Start`]).
+    pub(super) fn starting_with(mut self, start: Start) -> Self {
+        for queue in &start.queues {
+            match self.config.channel_for(queue) {
+                Ok(channel) => {
+                    self.channels.insert(channel, Arc::from(queue.as_str()));
+                }
+                // As for a refused listen: whoever asked learns why from its `listen`.
+                Err(error) => self.config.log.debug(format!(
+                    "pgbus-hub listener: not LISTENing on {queue:?}: {error}"
+                )),
+            }
+        }
+        self.stats
+            .channels
+            .store(self.channels.len(), Ordering::Relaxed);
+        self.start_cut = start.cut;
+        self
     }
 
     /// Deadline for a LISTEN/UNLISTEN batch on the live connection: the
@@ -246,7 +280,27 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             Command::Unlisten { queue } => {
                 self.forget(&queue);
             }
+            Command::Cut { reply, .. } => reply.send(Err(CutError::NotListening)),
+            Command::StopAt(token) => self.stop_at = token,
         }
+    }
+
+    /// Hands a delivery (a wake, a catch-up, a marker) on, unless the engine
+    /// delivered the marker it was told to stop at: then nothing.
+    fn deliver(&mut self, event: Event) {
+        if self.stopped_at_cut {
+            return;
+        }
+        if let Event::Marker(token) = &event {
+            if self.stop_at.as_deref() == Some(token.as_str()) {
+                self.stopped_at_cut = true;
+                self.config.log.debug(format!(
+                    "pgbus-hub listener: read the marker {token:?} it was told to stop at; \
+                     delivering nothing more"
+                ));
+            }
+        }
+        (self.on_event)(event);
     }
 
     /// Validate a listen and add it to the set. Returns the reply still to be
@@ -308,10 +362,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 command = self.commands.recv() => {
                     let exit = match command {
                         None => Some(Exit::Stop),
-                        Some(Command::Listen { queue, reply }) => {
-                            self.listen_live(session, queue, reply).await
-                        }
-                        Some(Command::Unlisten { queue }) => self.unlisten_live(session, &queue).await,
+                        Some(command) => self.live_command(session, command).await,
                     };
                     if let Some(exit) = exit {
                         return exit;
@@ -366,11 +417,20 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// Delivers one NOTIFY on a LISTENed channel. Inline, in order: a large
     /// payload's row is read before anything after it is delivered.
     async fn notify(&mut self, session: &Connected, channel: &str, payload: &str) -> Option<Exit> {
-        let Some(queue) = self.channels.get(channel).cloned() else {
-            self.stats
-                .ignored_notifications
-                .fetch_add(1, Ordering::Relaxed);
+        if channel == self.handover.channel() {
+            // A cut's marker: the handover's own never get here (Handover's
+            // classify_new and classify_old take them).
+            self.deliver(Event::Marker(payload.to_owned()));
             return None;
+        }
+        let queue = match self.channels.get(channel) {
+            Some(queue) if !self.stopped_at_cut => queue.clone(),
+            _ => {
+                self.stats
+                    .ignored_notifications
+                    .fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
         };
         self.stats.notifications.fetch_add(1, Ordering::Relaxed);
         let payload: Option<Arc<str>> = match key_channel(&queue) {
@@ -386,7 +446,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 },
             },
         };
-        (self.on_event)(Event::Wake(Wake { queue, payload }));
+        self.deliver(Event::Wake(Wake { queue, payload }));
         None
     }
 

@@ -7,7 +7,14 @@
 //! and the health tick, so a new `listen` is LISTENed (and acked) at once.
 //! An ack (`Ok(())`) means `LISTEN` completed on the live connection: a
 //! NOTIFY committed after the ack is delivered.
+//!
+//! Cuts (issue 56, docs/architecture.md's "The cut"): an engine commits one
+//! on command ([`ListenerHandle::commit_cut`]) or in its first transaction
+//! ([`Start::cut`]), passes every cut's marker read on its private channel
+//! on as [`Event::Marker`] in stream order, and delivers nothing after the
+//! one it is told to stop at ([`ListenerHandle::stop_at`]).
 
+mod cut;
 mod engine;
 mod standalone;
 mod state;
@@ -25,6 +32,10 @@ use crate::protocol::{key_channel, Wake};
 use crate::shutdown::{shutdown, ShutdownTrigger};
 use crate::sync::lock;
 
+pub use cut::{
+    cut_token, is_cut_token, Cut, CutError, CUT_TOKEN_PREFIX, MAX_CUT_TOKEN_BYTES,
+    PRIVATE_CHANNEL_PREFIX,
+};
 pub use standalone::StandaloneListener;
 pub use state::ListenerState;
 
@@ -124,6 +135,12 @@ pub enum Event {
     /// live wakes instead of dropping them as backpressure. Sent after every
     /// reconnect, empty when the listen set holds no queue.
     CatchUp(Vec<Arc<str>>),
+    /// A cut's marker (its token K, `move.*`) read on the engine's private
+    /// channel, in stream order: every wake before it precedes the cut, every
+    /// one after it follows it. During a handover it is dropped, held or
+    /// delivered exactly as a notification is. From a start with a cut, the
+    /// first event of the stream (what preceded it was the old side's).
+    Marker(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,33 +219,62 @@ impl ListenError {
     }
 }
 
-/// Where a listen answer goes: an async caller's oneshot or a blocking caller's channel.
-/// Whoever asked for a LISTEN, told its outcome exactly once (run on the
+/// The error a reply dropped unsent answers.
+pub(crate) trait Unanswered {
+    fn stopped() -> Self;
+}
+
+impl Unanswered for ListenError {
+    fn stopped() -> Self {
+        Self::Stopped
+    }
+}
+
+impl Unanswered for CutError {
+    fn stopped() -> Self {
+        Self::Stopped
+    }
+}
+
+/// Where a listen (or cut) answer goes: an async caller's oneshot or a blocking caller's channel.
+/// Whoever asked, told its outcome exactly once (run on the
 /// engine's task: it must not block). A reply dropped unsent (the engine
-/// task ended or was aborted) answers [`ListenError::Stopped`].
-pub(crate) struct Reply(Option<Answer>);
+/// task ended or was aborted) answers `Stopped`.
+pub(crate) struct Reply<E: Unanswered = ListenError>(Option<Answer<E>>);
 
-type Answer = Box<dyn FnOnce(Result<(), ListenError>) + Send>;
+type Answer<E> = Box<dyn FnOnce(Result<(), E>) + Send>;
 
-impl Reply {
-    pub(crate) fn send(mut self, outcome: Result<(), ListenError>) {
+impl<E: Unanswered> Reply<E> {
+    pub(crate) fn send(mut self, outcome: Result<(), E>) {
         if let Some(answer) = self.0.take() {
             answer(outcome);
         }
     }
 }
 
-impl Drop for Reply {
+impl<E: Unanswered> Drop for Reply<E> {
     fn drop(&mut self) {
         if let Some(answer) = self.0.take() {
-            answer(Err(ListenError::Stopped));
+            answer(Err(E::stopped()));
         }
     }
 }
 
 pub(crate) enum Command {
-    Listen { queue: String, reply: Reply },
-    Unlisten { queue: String },
+    Listen {
+        queue: String,
+        reply: Reply,
+    },
+    Unlisten {
+        queue: String,
+    },
+    /// Commit this cut on the live connection (batched with the cuts queued behind it).
+    Cut {
+        cut: Cut,
+        reply: Reply<CutError>,
+    },
+    /// Deliver up to this cut's marker, then nothing; None forgets a token not read yet.
+    StopAt(Option<String>),
 }
 
 /// Commands to one engine. Cheap to clone; every method returns at once.
@@ -284,6 +330,50 @@ impl ListenerHandle {
         });
     }
 
+    /// Commits `cut` on the live connection: `NOTIFY <cut's channel>, K;
+    /// NOTIFY <this engine's private channel>, K` in ONE transaction, with
+    /// the cuts asked for meanwhile (docs/architecture.md, "The cut"). `Ok`
+    /// once committed: from the marker on this engine reads K at, its set is
+    /// LISTENed. [`CutError::NotListening`] at once while no connection
+    /// LISTENs the set.
+    pub fn commit_cut(&self, cut: Cut) -> oneshot::Receiver<Result<(), CutError>> {
+        let (sender, receiver) = oneshot::channel();
+        self.commit_cut_then(cut, move |outcome| {
+            let _ = sender.send(outcome);
+        });
+        receiver
+    }
+
+    /// As [`ListenerHandle::commit_cut`], calling `answer` with the outcome
+    /// (on the engine's task: it must not block).
+    pub fn commit_cut_then(
+        &self,
+        cut: Cut,
+        answer: impl FnOnce(Result<(), CutError>) + Send + 'static,
+    ) {
+        let command = Command::Cut {
+            cut,
+            reply: Reply(Some(Box::new(answer))),
+        };
+        if let Err(mpsc::error::SendError(Command::Cut { reply, .. })) = self.commands.send(command)
+        {
+            reply.send(Err(CutError::Stopped));
+        }
+    }
+
+    /// `Some(K)`: deliver up to the marker K ([`Event::Marker`], delivered),
+    /// then nothing (no wake, catch-up or marker) until the engine is stopped,
+    /// which is its owner's to do. Call it before K can be committed (before
+    /// asking the other side for the cut): the engine reads its commands
+    /// before the notifications that follow them. `None` forgets a K not read
+    /// yet; once K is read, nothing is delivered whatever follows (what came
+    /// after it was dropped).
+    pub fn stop_at(&self, token: Option<&str>) {
+        let _ = self
+            .commands
+            .send(Command::StopAt(token.map(str::to_owned)));
+    }
+
     /// The engine does a best-effort `UNLISTEN *` (short timeout), closes the
     /// connection and exits; an operation in flight is abandoned at once.
     pub fn stop(&self) {
@@ -329,6 +419,8 @@ pub struct ListenerStats {
     /// When the engine last became healthy; None while it is not.
     healthy_since: Mutex<Option<SystemTime>>,
     state: state::PublishedState,
+    /// The engine's private channel (set when it is made).
+    private_channel: Mutex<Option<String>>,
 }
 
 impl ListenerStats {
@@ -357,7 +449,8 @@ impl ListenerStats {
     pub fn notifications(&self) -> u64 {
         self.notifications.load(Ordering::Relaxed)
     }
-    /// NOTIFYs for channels not in the set (e.g. in flight across an UNLISTEN).
+    /// NOTIFYs for channels not in the set (e.g. in flight across an
+    /// UNLISTEN), and those read after the marker the engine was told to stop at.
     pub fn ignored_notifications(&self) -> u64 {
         self.ignored_notifications.load(Ordering::Relaxed)
     }
@@ -394,6 +487,17 @@ impl ListenerStats {
     pub fn healthy_since(&self) -> Option<SystemTime> {
         *lock(&self.healthy_since)
     }
+    /// The engine's private channel, `pgbus_hub.handover.<pid>.<random>`:
+    /// LISTENed by every connection it opens; where another side commits a
+    /// cut's marker for this one ([`Cut::new`]). A new engine in place of an
+    /// ended one ([`respawn`]) has a new one.
+    pub fn private_channel(&self) -> Option<String> {
+        lock(&self.private_channel).clone()
+    }
+
+    fn set_private_channel(&self, channel: &str) {
+        *lock(&self.private_channel) = Some(channel.to_owned());
+    }
 
     fn set_last_error(&self, error: &str) {
         *lock(&self.last_error) = Some(LastError {
@@ -413,6 +517,21 @@ impl ListenerStats {
     }
 }
 
+/// What an engine starts with: a listen set LISTENed in its first
+/// transaction, and a cut committed in that same transaction.
+#[derive(Clone, Debug, Default)]
+pub struct Start {
+    /// Queues (routing keys, as [`ListenerHandle::listen`] takes them) in the
+    /// first transaction. A name that cannot be LISTENed is left out (logged
+    /// at debug): a `listen` for it is refused with the reason.
+    pub queues: Vec<String>,
+    /// Committed with the first LISTENs (docs/architecture.md, item 1 of
+    /// "Planned events"): this engine is the new side, and drops what it reads
+    /// before the marker (the old side's to deliver); the marker is its first
+    /// [`Event::Marker`]. Committed once: a later connection does not.
+    pub cut: Option<Cut>,
+}
+
 /// A spawned engine: its handle, its stats, its task.
 pub type Spawned = (
     ListenerHandle,
@@ -424,7 +543,22 @@ pub type Spawned = (
 /// the engine task for each NOTIFY on a LISTENed channel and each health
 /// change. To replace an engine that ended, see [`respawn`].
 pub fn spawn(config: ListenerConfig, on_event: impl FnMut(Event) + Send + 'static) -> Spawned {
-    spawn_engine(config, Arc::new(ListenerStats::default()), false, on_event)
+    spawn_with(config, Start::default(), on_event)
+}
+
+/// [`spawn`], starting with `start`'s set and cut.
+pub fn spawn_with(
+    config: ListenerConfig,
+    start: Start,
+    on_event: impl FnMut(Event) + Send + 'static,
+) -> Spawned {
+    spawn_engine(
+        config,
+        Arc::new(ListenerStats::default()),
+        start,
+        false,
+        on_event,
+    )
 }
 
 /// A new engine in place of one whose task ended: it publishes into the old
@@ -437,12 +571,13 @@ pub fn respawn(
     stats: Arc<ListenerStats>,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
-    spawn_engine(config, stats, true, on_event)
+    spawn_engine(config, stats, Start::default(), true, on_event)
 }
 
 fn spawn_engine(
     config: ListenerConfig,
     stats: Arc<ListenerStats>,
+    start: Start,
     resumed: bool,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
@@ -452,7 +587,8 @@ fn spawn_engine(
         commands,
         stop: Arc::new(trigger),
     };
-    let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event);
+    let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event)
+        .starting_with(start);
     let engine = if resumed { engine.resumed() } else { engine };
     let join = tokio::spawn(engine.run());
     (handle, stats, join)

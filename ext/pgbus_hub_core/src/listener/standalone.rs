@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{spawn, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats};
+use super::{spawn_with, Event, ListenError, ListenerConfig, ListenerHandle, ListenerStats, Start};
 use crate::conninfo::DEFAULT_CONNECT_TIMEOUT;
 use crate::delivery::{Delivery, DeliverySender};
 use crate::log::LogSink;
@@ -48,6 +48,18 @@ impl StandaloneListener {
     /// Starts the thread and the engine (connecting in the background).
     /// Wakes go to `deliveries`; health changes are logged and in [`Self::stats`].
     pub fn start(config: ListenerConfig, deliveries: DeliverySender) -> std::io::Result<Self> {
+        Self::start_with(config, deliveries, Start::default())
+    }
+
+    /// [`Self::start`], the first transaction LISTENing `start`'s set and
+    /// committing its cut (docs/architecture.md, item 1 of "Planned events").
+    /// A cut's markers go to `deliveries` as [`Delivery::Marker`], in order
+    /// among the wakes.
+    pub fn start_with(
+        config: ListenerConfig,
+        deliveries: DeliverySender,
+        start: Start,
+    ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -61,9 +73,12 @@ impl StandaloneListener {
         let events_log = log.clone();
         let (handle, stats, join) = {
             let _entered = runtime.enter();
-            spawn(config, move |event| match event {
+            spawn_with(config, start, move |event| match event {
                 Event::Wake(wake) => {
                     deliveries.send(Delivery::Wake(wake));
+                }
+                Event::Marker(token) => {
+                    deliveries.send(Delivery::Marker { token });
                 }
                 Event::CatchUp(queues) => {
                     for queue in queues {

@@ -78,6 +78,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     if let Some(token) = marker {
                         self.handover.marker_committed(token);
                     }
+                    if let Some(cut) = self.start_cut.take() {
+                        self.handover.cut_committed(cut.token());
+                    }
                     return Some(session);
                 }
                 Err(Up::Listen(OpError::Stopped)) => {
@@ -165,7 +168,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let woken = queues.len();
         // Sent even when empty: it is also how the hub learns of the reconnect
         // (its `reconnect.pgbus_hub` event), subscribed queues or not.
-        (self.on_event)(Event::CatchUp(queues));
+        self.deliver(Event::CatchUp(queues));
         woken
     }
 
@@ -194,10 +197,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         Ok((backend, marker))
     }
 
-    /// The whole listen set, the private channel and (when a given-up
-    /// connection is kept) the handover marker, in ONE transaction: the
-    /// marker's queue position is where this connection's LISTENs took
-    /// effect. Returns the queries with the marker's token.
+    /// The whole listen set, the private channel, (when a given-up
+    /// connection is kept) the handover marker and (for a start with a cut,
+    /// until one commits) the cut's two NOTIFYs, in ONE transaction: the
+    /// markers' queue position is where this connection's LISTENs took
+    /// effect. Returns the queries with the handover marker's token.
     fn relisten_queries(&mut self) -> (Vec<String>, Option<String>) {
         let channels: Vec<String> = self.channels.keys().cloned().collect();
         let (private, marker) = self.handover.statements();
@@ -216,6 +220,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             for statement in private {
                 last.push_str(&statement);
                 last.push(';');
+            }
+            if let Some(cut) = &self.start_cut {
+                last.push_str(&self.handover.cut_sql(cut));
             }
             last.push_str("COMMIT");
         }

@@ -6,6 +6,11 @@
 //! notification queue, read in the same order by both backends: the old
 //! connection delivers up to the marker, the new one only after it. Nothing
 //! lost, nothing twice, order kept, as long as the old backend lives.
+//!
+//! A cut's marker (a `move.` token, issue 56) on the private channel is not
+//! the handover's: it is an entry of the stream like a notification, dropped,
+//! held or delivered exactly as one (`classify_new`, `classify_old`), so it
+//! keeps its place among them.
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -17,7 +22,7 @@ use tokio::time::Instant;
 
 use super::{Engine, Exit, CLOSE_GRACE, LATE_DEADLINE};
 use crate::conninfo::{quote_ident, Connected, ServerMessage};
-use crate::listener::Event;
+use crate::listener::{is_cut_token, Cut, Event};
 
 /// The old connection's budget, in health-check cycles, to read up to the
 /// marker once it is committed. By then the path works again (the new
@@ -49,7 +54,7 @@ pub(super) enum New {
 /// What the engine does with a notification read on the old connection.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Old {
-    /// Before the marker: the old connection's to deliver.
+    /// Before the marker: the old connection's to deliver (a cut's marker too).
     Deliver,
     /// The marker: the handover is complete.
     Marker,
@@ -76,11 +81,14 @@ pub(super) struct Handover {
     /// this engine opens, never routed. At most 19 + 10 + 1 + 16 = 46 bytes
     /// (PostgreSQL truncates names past 63).
     channel: String,
+    /// `channel` as the SQL names it.
+    quoted_channel: String,
     random: u64,
     counter: u64,
     kept: Option<Kept>,
     /// The marker the new connection has not read back yet: what it reads
-    /// before it is the old connection's to deliver.
+    /// before it is the old connection's to deliver. A handover's, or the
+    /// cut of a start ([`Self::cut_committed`]).
     awaiting_own: Option<String>,
     /// The new connection's notifications after its marker, in order.
     held: VecDeque<(String, String)>,
@@ -91,8 +99,15 @@ pub(super) struct Handover {
 impl Handover {
     pub(super) fn new(health_check: Duration) -> Self {
         let random = RandomState::new().build_hasher().finish();
+        let channel = format!(
+            "{}{}.{random:016x}",
+            crate::listener::PRIVATE_CHANNEL_PREFIX,
+            std::process::id()
+        );
+        let quoted_channel = quote_ident(&channel).expect("a generated name holds no NUL");
         Self {
-            channel: format!("pgbus_hub.handover.{}.{random:016x}", std::process::id()),
+            channel,
+            quoted_channel,
             random,
             counter: 0,
             kept: None,
@@ -101,6 +116,16 @@ impl Handover {
             held_bytes: 0,
             budget: health_check.saturating_mul(BUDGET_CYCLES),
         }
+    }
+
+    /// The engine's private channel.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// `cut`'s two NOTIFYs, the other side's channel's and ours, for a transaction.
+    pub(super) fn cut_sql(&self, cut: &Cut) -> String {
+        cut.notify_sql(&self.quoted_channel)
     }
 
     /// Whether a given-up connection is still read.
@@ -112,9 +137,7 @@ impl Handover {
     /// LISTENs: `LISTEN` of the private channel, and the marker when a
     /// connection is kept. Returns them with the marker's token.
     pub(super) fn statements(&mut self) -> (Vec<String>, Option<String>) {
-        let Ok(channel) = quote_ident(&self.channel) else {
-            return (Vec::new(), None);
-        };
+        let channel = &self.quoted_channel;
         let mut statements = vec![format!("LISTEN {channel}")];
         if !self.keeping() {
             return (statements, None);
@@ -141,6 +164,17 @@ impl Handover {
         }
     }
 
+    /// A start's cut `token` is committed with the new connection's LISTENs:
+    /// what it reads before it is the old side's to deliver, and the marker
+    /// is passed on. A handover marker committed in the same transaction
+    /// comes first in the queue and is awaited instead: the cut's follows it
+    /// at once, and is passed on as any cut's marker is.
+    pub(super) fn cut_committed(&mut self, token: &str) {
+        if self.awaiting_own.is_none() {
+            self.awaiting_own = Some(token.to_owned());
+        }
+    }
+
     /// A given-up connection to keep reading (the caller abandoned any
     /// connection kept before: one at a time). `own_marker`: the marker it
     /// committed and has not read back yet (see [`Self::new_connection_gone`]).
@@ -163,11 +197,19 @@ impl Handover {
         if channel == self.channel {
             if self.awaiting_own.as_deref() == Some(payload) {
                 self.awaiting_own = None;
-                return Ok(New::Taken);
+                // A start's cut is where this side's deliveries begin: passed on.
+                return Ok(if is_cut_token(payload) {
+                    New::Deliver
+                } else {
+                    New::Taken
+                });
             }
-            return Err(format!(
-                "a handover marker with a token not ours ({payload:?}) on the new connection — ignored"
-            ));
+            if !is_cut_token(payload) {
+                return Err(format!(
+                    "a handover marker with a token not ours ({payload:?}) on the new connection — ignored"
+                ));
+            }
+            // A cut's marker: a notification like the others, below.
         }
         if self.awaiting_own.is_some() {
             return Ok(New::Taken);
@@ -193,10 +235,14 @@ impl Handover {
         if let Some(own) = &kept.skip_until {
             if marker && own == payload {
                 kept.skip_until = None;
+                if is_cut_token(payload) {
+                    // A start's cut, read on its given-up connection: passed on.
+                    return Old::Deliver;
+                }
             }
             return Old::Skip;
         }
-        if !marker {
+        if !marker || is_cut_token(payload) {
             return Old::Deliver;
         }
         match kept.token.as_deref() {
@@ -451,5 +497,31 @@ mod tests {
         let ours = handover.channel.clone();
         assert!(handover.classify_new(&ours, "1.2.3").is_err());
         assert_eq!(handover.classify_old(&ours, "1.2.3"), Old::Skip);
+    }
+
+    #[test]
+    fn a_cuts_marker_is_a_notification_and_a_starts_cut_is_where_delivery_begins() {
+        let mut handover = Handover::new(Duration::from_millis(250));
+        let ours = handover.channel.clone();
+        // Nothing awaited: a cut's marker is delivered in its place.
+        assert_eq!(handover.classify_new(&ours, "move.1.2.3"), Ok(New::Deliver));
+        // A start's cut: what comes before it is the old side's; it and
+        // what follows are this side's.
+        handover.cut_committed("move.1.2.4");
+        assert_eq!(handover.classify_new("q", "1"), Ok(New::Taken));
+        assert_eq!(handover.classify_new(&ours, "move.1.2.3"), Ok(New::Taken));
+        assert_eq!(handover.classify_new(&ours, "move.1.2.4"), Ok(New::Deliver));
+        assert_eq!(handover.classify_new("q", "2"), Ok(New::Deliver));
+        // A handover marker awaited first keeps its place: the cut's follows it.
+        handover.awaiting_own = Some("1.2.5".into());
+        handover.cut_committed("move.1.2.6");
+        assert_eq!(handover.awaiting_own.as_deref(), Some("1.2.5"));
+        assert_eq!(
+            handover.cut_sql(&Cut::new(&ours, "move.1.2.6").unwrap()),
+            format!(
+                "NOTIFY {q}, 'move.1.2.6';NOTIFY {q}, 'move.1.2.6';",
+                q = handover.quoted_channel
+            )
+        );
     }
 }
