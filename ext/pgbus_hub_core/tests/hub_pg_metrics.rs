@@ -209,7 +209,9 @@ fn a_hub_replaced_in_the_same_process_keeps_counting_up() {
         .find_map(|l| l.strip_prefix("pgbus_hub_frames_sent_total "))
         .and_then(|v| v.parse::<u64>().ok())
         .expect(&answer);
-    assert!(frames > before.frames_sent, "{frames} after {before:?}");
+    // Not more: `frames_sent` counts a frame once its write returned, which
+    // may be after the worker read it (CI under load scraped exactly the carried count).
+    assert!(frames >= before.frames_sent, "{frames} after {before:?}");
 
     let elsewhere = MasterHub::start(fx.config("replaced_elsewhere")).unwrap();
     assert_eq!(elsewhere.stats().subscribe_ack.count, 0);
