@@ -157,9 +157,11 @@ impl Pump {
                     ("on_failure", call_option(target(targets.on_failure), ()))
                 }
                 Delivery::Failed { .. } => continue,
-                // A cut's marker is the worker's FailoverListener's to switch
-                // sides at (docs/architecture.md, "Planned events"): nothing for Ruby.
-                Delivery::Marker { .. } => continue,
+                // A cut's marker and a hub's `move` are the worker's
+                // FailoverListener's to act on (docs/architecture.md, "Planned
+                // events"); a bare HubClient's pump drops them: its hub closes
+                // it after the grace, as it would a peer that ignores `move`.
+                Delivery::Marker { .. } | Delivery::Move { .. } => continue,
                 Delivery::Listening { queue, ticket } => (
                     "on_listening",
                     call_option(target(targets.on_listening), (queue, ticket)),

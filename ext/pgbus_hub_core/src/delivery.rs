@@ -28,6 +28,11 @@ pub enum Delivery {
     /// Never for the embedding runtime: the worker's FailoverListener
     /// switches sides at it.
     Marker { token: String },
+    /// The hub asks its worker to move to a LISTEN connection of its own,
+    /// cut at `token` on the hub's private `channel` (a planned stop:
+    /// docs/architecture.md, "1. A planned hub stop"). Never for the
+    /// embedding runtime: the worker's FailoverListener acts on it.
+    Move { channel: String, token: String },
 }
 
 #[derive(Clone, Debug)]

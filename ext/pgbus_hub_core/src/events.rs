@@ -75,6 +75,8 @@ pub enum Event {
         subscriptions: usize,
         woken: usize,
         duration: Duration,
+        /// Cut at a marker (a planned stop's move): nothing missed, nothing twice, none woken.
+        aligned: bool,
     },
     /// The hub serves a worker again.
     FailBack {
@@ -82,6 +84,8 @@ pub enum Event {
         subscriptions: usize,
         woken: usize,
         duration: Duration,
+        /// Cut at a marker: nothing missed, nothing twice, none woken.
+        aligned: bool,
     },
     /// The hub told a worker its database connection went down or came back.
     HubHealth { healthy: bool },
@@ -162,17 +166,20 @@ impl Event {
                 subscriptions,
                 woken,
                 duration,
+                aligned,
             }
             | Self::FailBack {
                 state,
                 subscriptions,
                 woken,
                 duration,
+                aligned,
             } => vec![
                 ("state", Field::Word(state.as_str())),
                 ("subscriptions", count(*subscriptions)),
                 ("woken", count(*woken)),
                 ("duration", Field::Seconds(duration.as_secs_f64())),
+                ("aligned", Field::Flag(*aligned)),
             ],
             Self::HubHealth { healthy } => vec![("healthy", Field::Flag(*healthy))],
             Self::Reconnect {

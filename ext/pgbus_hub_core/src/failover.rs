@@ -47,7 +47,7 @@ use crate::client::{
 use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
 use crate::events::{self, Event, Via};
 use crate::listener::{
-    listen_ack_timeout, ListenError, ListenerConfig, ListenerHandle, StandaloneListener,
+    listen_ack_timeout, Cut, ListenError, ListenerConfig, ListenerHandle, StandaloneListener, Start,
 };
 use crate::log::LogSink;
 use crate::owned_thread::OwnedThread;
@@ -58,6 +58,7 @@ use crate::sync::lock;
 mod async_listens;
 mod fail_back;
 mod fail_over;
+mod moves;
 mod state;
 pub use crate::failover_state::FailoverState;
 use async_listens::run_async_listens;
@@ -205,6 +206,7 @@ impl FailoverListener {
         let shared = Arc::new(FailoverShared {
             state: Mutex::new(State {
                 serving,
+                moving: None,
                 subscriptions: HashSet::new(),
                 failed_over: false,
                 failing_back: false,
@@ -226,7 +228,7 @@ impl FailoverListener {
             (Some(_), _) => {}
             (None, true) => shared.fail_over(),
             (None, false) => {
-                let local = shared.start_local();
+                let local = shared.start_local(Start::default());
                 lock(&shared.state).serving = local.map_or(Serving::Nobody, Serving::Local);
             }
         }
@@ -391,14 +393,18 @@ impl FailoverListener {
     /// Idempotent: stops whichever side serves; no fail-over happens after it.
     /// Waits for the side's threads unless `cancel` receives (see the sides' `stop_or_cancel`).
     pub fn stop_or_cancel(&self, cancel: &Receiver<()>) {
-        let (serving, was_stopped) = {
+        let (serving, moving, was_stopped) = {
             let mut state = lock(&self.shared.state);
             let was_stopped = std::mem::replace(&mut state.stopped, true);
             (
                 std::mem::replace(&mut state.serving, Serving::Nobody),
+                state.moving.take(),
                 was_stopped,
             )
         };
+        if let Some(moving) = moving {
+            moving.client.stop_or_cancel(cancel);
+        }
         if !was_stopped {
             let stopped = FailoverState::Stopped;
             self.shared.log.debug(format!(
@@ -462,25 +468,24 @@ impl FailoverShared {
 }
 
 impl WakeSource for FailoverWakes {
+    /// The hub's deliveries while it serves, acting on the ones that are the
+    /// listener's (`move`, `marker`, `Failed`), then the local channel's: the
+    /// own connection's wakes and `listen_async`'s confirmations. During a
+    /// move the local channel waits: the own connection's wakes follow the
+    /// hub's `marker` (`moves.rs`).
     fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
         let hub = lock(&self.shared.hub_reader).clone();
-        let Some(hub) = hub else {
-            return self.local.next_batch(max, timeout);
+        let mut batch = match hub {
+            Some(hub) => self.read_hub(&hub, max, timeout),
+            None => self.local.next_batch(max, timeout),
         };
-        let mut batch = hub.next_batch(max, timeout);
-        let failed = batch
-            .items
-            .iter()
-            .any(|item| matches!(item, Delivery::Failed { .. }));
-        if failed || batch.closed {
-            batch
-                .items
-                .retain(|item| !matches!(item, Delivery::Failed { .. }));
-            batch.closed = false; // the local listener's wakes follow
-            *lock(&self.shared.hub_reader) = None;
-            self.shared.fail_over();
+        if lock(&self.shared.state).moving.is_none() {
+            self.local.take_ready(&mut batch, max);
         }
-        self.local.take_ready(&mut batch, max); // listen_async's confirmations
+        // The own connection's cut marker: where its stream starts, nothing to deliver.
+        batch
+            .items
+            .retain(|item| !matches!(item, Delivery::Marker { .. }));
         batch
     }
 
@@ -490,5 +495,37 @@ impl WakeSource for FailoverWakes {
             hub.interrupt();
         }
         self.local.interrupt();
+    }
+}
+
+impl FailoverWakes {
+    fn read_hub(&self, hub: &DrivenReader, max: usize, timeout: Duration) -> Batch {
+        let mut batch = hub.next_batch(max, timeout);
+        let mut failed = batch.closed;
+        let mut cut = false;
+        let mut items = Vec::with_capacity(batch.items.len());
+        for item in batch.items.drain(..) {
+            match item {
+                Delivery::Move { channel, token } => self.shared.start_move(channel, token),
+                Delivery::Marker { token } if self.shared.is_moving_at(&token) => {
+                    // The hub routes this worker nothing after it.
+                    cut = true;
+                    break;
+                }
+                Delivery::Failed { .. } => failed = true,
+                item => items.push(item),
+            }
+        }
+        batch.items = items;
+        batch.closed = false; // the local listener's wakes follow
+        if cut || failed {
+            *lock(&self.shared.hub_reader) = None;
+        }
+        if cut {
+            self.shared.finish_move();
+        } else if failed {
+            self.shared.hub_failed();
+        }
+        batch
     }
 }

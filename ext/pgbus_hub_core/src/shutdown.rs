@@ -27,8 +27,9 @@ impl ShutdownTrigger {
 }
 
 impl Shutdown {
+    /// True once fired, or once its trigger is gone (as [`Shutdown::wait`] sees it).
     pub fn is_triggered(&self) -> bool {
-        *self.0.borrow()
+        *self.0.borrow() || self.0.has_changed().is_err()
     }
 
     /// Returns once the signal fired (or its trigger is gone).

@@ -390,25 +390,43 @@ fn unknown_frames_are_logged_and_ignored() {
     assert!(!s.client.is_dead());
 }
 
-/// Issue 56's frames reach this client before it acts on them (plan step
-/// 4): logged and ignored as any unknown frame, the client alive.
+/// Issue 56's frames: a planned stop's `move` and its `marker` are
+/// deliveries in stream order among the wakes (the FailoverListener acts on
+/// them); a `move` to another hub (`to`), not acted on yet, is logged and
+/// ignored as an unknown frame. The client stays alive either way.
 #[test]
-fn move_and_marker_frames_are_logged_as_unknown_and_ignored_for_now() {
+fn move_and_marker_frames_are_delivered_in_order_and_a_move_elsewhere_is_ignored() {
     use pgbus_hub_core::protocol::{Marker, Move};
     let _serial = shared();
     let s = setup(Behaviour::default());
-    s.hub.send(&Message::Move(Move::Leave {
-        channel: "pgbus_hub.handover.1.2".into(),
-        token: "move.1.2.3".into(),
-        to: None,
-    }));
+    let leave = |to: Option<&str>| {
+        Message::Move(Move::Leave {
+            channel: "pgbus_hub.handover.1.2".into(),
+            token: "move.1.2.3".into(),
+            to: to.map(str::to_owned),
+        })
+    };
+    s.hub.send(&leave(Some("/elsewhere.sock")));
+    s.hub.send(&wake("q", None));
+    s.hub.send(&leave(None));
     s.hub.send(&Message::Marker(Marker::Read {
         token: "move.1.2.3".into(),
     }));
-    s.hub.send(&wake("q", None));
+    let deliveries: Vec<Delivery> = (0..3)
+        .map(|_| s.deliveries.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
     assert_eq!(
-        s.deliveries.recv_timeout(Duration::from_secs(5)),
-        Some(Delivery::Wake(Wake::durable("q")))
+        deliveries,
+        [
+            Delivery::Wake(Wake::durable("q")),
+            Delivery::Move {
+                channel: "pgbus_hub.handover.1.2".into(),
+                token: "move.1.2.3".into()
+            },
+            Delivery::Marker {
+                token: "move.1.2.3".into()
+            },
+        ]
     );
     let warnings: Vec<String> = s
         .logs
@@ -418,10 +436,7 @@ fn move_and_marker_frames_are_logged_as_unknown_and_ignored_for_now() {
         .collect();
     assert_eq!(
         warnings,
-        [
-            r#"[pgbus-hub] HubClient: hub sent unknown frame "move"; ignored"#,
-            r#"[pgbus-hub] HubClient: hub sent unknown frame "marker"; ignored"#,
-        ]
+        [r#"[pgbus-hub] HubClient: hub sent unknown frame "move"; ignored"#]
     );
     assert!(!s.client.is_dead());
 }

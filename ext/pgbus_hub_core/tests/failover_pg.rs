@@ -163,9 +163,9 @@ fn logged(records: &crossbeam_channel::Receiver<Record>, needle: &str) -> usize 
 }
 
 #[test]
-fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
+fn the_hub_serves_until_it_dies_then_every_subscription_is_replayed_locally() {
     let Some(mut fx) = Fixture::new() else { return };
-    let mut hub = fx.hub();
+    let hub = fx.hub();
     let (a, b, gone) = (fx.queue("a"), fx.queue("b"), fx.queue("gone"));
     let (log, records) = LogSink::channel();
     let (listener, pump) = fx.failover(Some(&hub), log);
@@ -178,7 +178,9 @@ fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
     assert!(!listener.failed_over());
     fx.wait_for_census(1); // the hub's connection only
 
-    hub.stop();
+    // Dropped, not stopped: no hand-over (a stop moves the worker at a
+    // marker, tests/hub_pg_moves.rs), its connections close as a crash's would.
+    drop(hub);
     // The pump sees the hub go and hands over; the replay is not waited for,
     // so a caller's confirmed LISTEN marks the moment both replayed ones ran.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -213,14 +215,14 @@ fn the_hub_serves_until_it_stops_then_every_subscription_is_replayed_locally() {
 #[test]
 fn a_restarted_hub_takes_the_worker_back_once_it_acks_every_subscription() {
     let Some(mut fx) = Fixture::new() else { return };
-    let mut hub = fx.hub();
+    let hub = fx.hub();
     let (a, b) = (fx.queue("a"), fx.queue("b"));
     let (log, records) = LogSink::channel();
     let (listener, pump) = fx.failover(Some(&hub), log);
     for queue in [&a, &b] {
         assert_eq!(listener.ensure_listening(queue), Listened::Done);
     }
-    hub.stop();
+    drop(hub); // as a crash: no hand-over
     support_wait::wait_until("the fail-over", || listener.failed_over());
     let mut both = vec![a.clone(), b.clone()];
     both.sort();
@@ -251,7 +253,7 @@ fn a_restarted_hub_takes_the_worker_back_once_it_acks_every_subscription() {
     assert_eq!(restarted.stats().workers, 1);
     assert_eq!(logged(&records, "back on the master hub"), 1);
 
-    // And it fails over again when that hub goes too.
+    // And it moves again when that hub stops (at its marker: nothing to re-read).
     restarted.stop();
     support_wait::wait_until("the second fail-over", || listener.failed_over());
     fx.notify(&b, "local again");
@@ -497,4 +499,145 @@ fn a_dropped_hub_or_worker_listener_never_waits_for_its_threads() {
             "dropping {what} took {took:?} (a stop took {stop_took:?})"
         );
     }
+}
+
+/// Every payload of `pump` until `last` (or a quiet second), as numbers; a
+/// durable wake (a catch-up: something may have been missed) fails the test.
+fn numbers_until(pump: &Pump, last: u32) -> Vec<u32> {
+    let mut numbers = Vec::new();
+    while let Ok(delivery) = pump.wakes.recv_timeout(Duration::from_secs(1)) {
+        match delivery {
+            Delivery::Wake(wake) => {
+                let payload = wake
+                    .payload
+                    .expect("no catch-up wake after a move at a marker");
+                numbers.push(payload.parse::<u32>().expect("a number"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        if numbers.last() == Some(&last) {
+            break;
+        }
+    }
+    numbers
+}
+
+/// Issue 56 item 1: a planned stop under a steady stream. Each worker's own
+/// connection LISTENs and commits the hub's cut in one transaction; the hub
+/// delivers up to the marker, the own connection from it: every number once,
+/// in order, and no catch-up wake.
+#[test]
+fn a_stopped_hub_hands_every_worker_over_at_its_marker_nothing_lost_or_twice() {
+    const WORKERS: usize = 3;
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = fx.hub();
+    let queue = fx.queue("moves");
+    let (log, records) = LogSink::channel();
+    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
+        .map(|_| {
+            let (listener, pump) = fx.failover(Some(&hub), log.clone());
+            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+            (listener, pump)
+        })
+        .collect();
+    fx.wait_for_census(1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let notifier = {
+        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut sent = 0u32;
+            // Bounded: far more than the few seconds this runs.
+            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
+                support_pg::notify(&mut sql, &queue, &sent.to_string());
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    hub.stop();
+    let stats = hub.stats();
+    assert_eq!(
+        (stats.moved_workers, stats.unmoved_workers),
+        (WORKERS as u64, 0)
+    );
+    for (listener, _) in &workers {
+        assert!(listener.failed_over());
+    }
+    fx.wait_for_census(WORKERS as i64); // each worker's own connection, the hub's closed
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+    let sent = notifier.join().unwrap();
+    assert!(sent < 20_000, "the stream ran out before the end");
+    for (_, pump) in &workers {
+        let numbers = numbers_until(pump, sent - 1);
+        assert_eq!(
+            numbers,
+            (0..sent).collect::<Vec<_>>(),
+            "once each, in order"
+        );
+    }
+    assert_eq!(
+        logged(
+            &records,
+            "moved to a per-worker listener at the hub's marker"
+        ),
+        WORKERS
+    );
+    for (listener, _) in &workers {
+        listener.stop();
+    }
+    fx.wait_for_census(0);
+}
+
+/// A peer that does not answer `move` (pgbus's Ruby client, an older
+/// pgbus-hub worker: an unknown frame to them) is closed after the grace and
+/// fails over as before; ours beside it moves at its marker.
+#[test]
+fn a_peer_that_ignores_move_is_closed_after_the_grace_and_counted_unmoved() {
+    use pgbus_hub_core::protocol::{Decoder, Message, Move};
+    use std::io::{Read, Write};
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = fx.hub();
+    let queue = fx.queue("silent");
+    let (listener, pump) = fx.failover(Some(&hub), LogSink::silent());
+    assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+    let mut peer = std::os::unix::net::UnixStream::connect(hub.socket_path()).unwrap();
+    peer.write_all(&Message::Sub(queue.clone()).encode().unwrap())
+        .unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut decoder, mut kinds, mut buffer) = (Decoder::new(), Vec::new(), [0u8; 4096]);
+        loop {
+            while let Some(object) = decoder.next_frame().unwrap() {
+                match Message::from_object(object).unwrap() {
+                    Message::Status { .. } => {}
+                    Message::Move(Move::Leave { to, .. }) => {
+                        assert_eq!(to, None);
+                        kinds.push("move");
+                    }
+                    other => kinds.push(other.kind()),
+                }
+            }
+            match peer.read(&mut buffer) {
+                Ok(0) | Err(_) => return kinds, // closed by the hub
+                Ok(n) => decoder.feed(&buffer[..n]),
+            }
+        }
+    });
+    support_wait::wait_until("both subscribed", || hub.stats().workers == 2);
+    fx.notify(&queue, "before");
+    pump.expect_wake(&queue, "before");
+    hub.stop();
+    assert_eq!(reader.join().unwrap(), vec!["ack", "wake", "move"]);
+    let stats = hub.stats();
+    assert_eq!((stats.moved_workers, stats.unmoved_workers), (1, 1));
+    fx.notify(&queue, "after");
+    pump.expect_wake(&queue, "after");
+    listener.stop();
+    fx.wait_for_census(0);
 }

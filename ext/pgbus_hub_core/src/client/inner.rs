@@ -178,12 +178,7 @@ impl Inner {
     /// What one frame from the hub does to the client.
     pub(super) fn handle_frame(&self, message: Message) {
         match message {
-            Message::Wake(wake) => {
-                let state = lock(&self.state);
-                if state.dead_reason.is_none() {
-                    self.deliveries.send(Delivery::Wake(wake));
-                }
-            }
+            Message::Wake(wake) => self.deliver(Delivery::Wake(wake)),
             Message::Ack(queue) => {
                 // After `healthy: false` the hub acks a sub it will LISTEN on
                 // reconnect (frames arrive in the order sent).
@@ -216,8 +211,16 @@ impl Inner {
             Message::Nack { queue, reason } => {
                 self.answer_oldest(&queue, "nack", Outcome::Rejected(reason))
             }
-            // `move` and `marker` are ignored as unknown frames until this
-            // client acts on them (issue 56, docs/architecture.md's plan, step 4).
+            // In stream order among the wakes: the FailoverListener answers
+            // a `move` and switches sides at the `marker` that follows.
+            Message::Move(Move::Leave {
+                channel,
+                token,
+                to: None,
+            }) => self.deliver(Delivery::Move { channel, token }),
+            Message::Marker(Marker::Read { token }) => self.deliver(Delivery::Marker { token }),
+            // A move to another hub (`to`) is not acted on yet (docs/architecture.md,
+            // "3. A new hub replaces an old one"): the hub closes us, and we fail over.
             Message::Sub(_)
             | Message::Unsub(_)
             | Message::Stats(_)
@@ -230,6 +233,15 @@ impl Inner {
                     describe_kind(&message)
                 ));
             }
+        }
+    }
+
+    /// Queues `delivery` unless the client is dead: under the state lock, so
+    /// `Failed` stays the last delivery a client ever makes.
+    fn deliver(&self, delivery: Delivery) {
+        let state = lock(&self.state);
+        if state.dead_reason.is_none() {
+            self.deliveries.send(delivery);
         }
     }
 

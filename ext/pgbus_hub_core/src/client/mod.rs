@@ -62,7 +62,7 @@ use crate::delivery::{self, Delivery, DeliverySender};
 use crate::log::LogSink;
 use crate::os::Wakeup;
 use crate::process::Owner;
-use crate::protocol::{Decoder, Message};
+use crate::protocol::{Decoder, Marker, Message, Move};
 use crate::sync::{lock, read};
 use crate::transport::socket::{ClientSocket, ConnectError, WriteError};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -456,17 +456,23 @@ impl HubClient {
         }
     }
 
-    /// Fire-and-forget `unsub`. A no-op on a dead, stopped or inherited
-    /// client; a failed write marks the client dead but is not reported here.
+    /// Fire-and-forget `unsub` (see `send_quietly`).
     pub fn unsubscribe(&self, queue: &str) {
+        self.send_quietly(Message::Unsub(queue.to_owned()));
+    }
+
+    /// Writes `message` whole, never cancelled; a no-op on a dead, stopped or
+    /// inherited client; a failed write marks the client dead but is not reported here.
+    fn send_quietly(&self, message: Message) {
         if !self.owner.is_current() || self.inner.dead.load(Ordering::Acquire) {
             return;
         }
-        let frame = match Message::Unsub(queue.to_owned()).encode() {
+        let frame = match message.encode() {
             Ok(frame) => frame,
             Err(e) => {
                 self.inner.log.warn(format!(
-                    "{LOG_PREFIX} cannot encode unsub for {queue:?}: {e}"
+                    "{LOG_PREFIX} cannot encode a {} frame: {e}",
+                    message.kind()
                 ));
                 return;
             }
@@ -482,6 +488,14 @@ impl HubClient {
         if let Err(Unwritten::Dead(reason)) = written {
             self.inner.mark_dead(reason);
         }
+    }
+
+    /// Answers the hub's `move` (`{"t":"move","k":token}`): this worker is on
+    /// its way. Fire-and-forget, as `unsubscribe`.
+    pub fn answer_move(&self, token: &str) {
+        self.send_quietly(Message::Move(Move::Answer {
+            token: token.to_owned(),
+        }));
     }
 
     /// The hub's last `status{healthy}`; true before the first, false once dead.

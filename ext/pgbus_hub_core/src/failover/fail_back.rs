@@ -113,6 +113,7 @@ impl FailoverShared {
                         subscriptions: subscribed.len(),
                         woken,
                         duration: began.elapsed(),
+                        aligned: false,
                     });
                     self.log.info(format!(
                         "[pgbus-hub] back on the master hub at {} ({} subscription(s) acked by it, \

@@ -8,8 +8,10 @@ use super::*;
 impl FailoverShared {
     /// The local listener, started (connecting in the background); None,
     /// logged, when its thread cannot start.
-    pub(super) fn start_local(&self) -> Option<Arc<StandaloneListener>> {
-        match StandaloneListener::start(self.listener.clone(), self.local_wakes.clone()) {
+    /// `start`: a set LISTENed and a cut committed in its first transaction (a move).
+    pub(super) fn start_local(&self, start: Start) -> Option<Arc<StandaloneListener>> {
+        match StandaloneListener::start_with(self.listener.clone(), self.local_wakes.clone(), start)
+        {
             Ok(local) => Some(Arc::new(local)),
             Err(error) => {
                 self.log.error(format!(
@@ -59,7 +61,7 @@ impl FailoverShared {
             state.failed_over = true;
         }
         let began = Instant::now();
-        let Some(local) = self.start_local() else {
+        let Some(local) = self.start_local(Start::default()) else {
             lock(&self.state).serving = Serving::Nobody;
             return self.emit_fail_over(began, 0, 0);
         };
@@ -104,6 +106,7 @@ impl FailoverShared {
             subscriptions,
             woken,
             duration: began.elapsed(),
+            aligned: false,
         });
     }
 

@@ -18,9 +18,19 @@ pub(super) enum Serving {
     Nobody,
 }
 
+/// A planned stop's move under way (`moves.rs`): the own connection serves
+/// new subscriptions, the hub still delivers until its `marker` `token`.
+pub(super) struct Moving {
+    pub(super) token: String,
+    pub(super) client: Arc<HubClient>,
+    pub(super) subscriptions: usize,
+    pub(super) began: std::time::Instant,
+}
+
 /// Behind the listener's `state` lock.
 pub(super) struct State {
     pub(super) serving: Serving,
+    pub(super) moving: Option<Moving>,
     pub(super) subscriptions: HashSet<String>,
     /// Set by a fail-over (whatever it came to), cleared by a fail-back.
     pub(super) failed_over: bool,
@@ -38,6 +48,7 @@ impl State {
     /// | true      | any       | any           | any            | any       | `stopped`      |
     /// | false     | `Hub`     | true          | -              | -         | `failing_over` |
     /// | false     | `Hub`     | false         | -              | -         | `on_hub`       |
+    /// | false     | `Local`   | (`moving` is set)              | -         | `failing_over` |
     /// | false     | `Local`   | -             | true           | -         | `failing_back` |
     /// | false     | `Local`   | -             | false          | true      | `failed_over`  |
     /// | false     | `Local`   | -             | false          | false     | `standalone`   |
@@ -60,6 +71,8 @@ impl State {
             _ if self.stopped => FailoverState::Stopped,
             Serving::Hub(_) if self.failed_over => FailoverState::FailingOver,
             Serving::Hub(_) => FailoverState::OnHub,
+            // A move: the own connection takes new subscriptions, the hub delivers until its marker.
+            Serving::Local(_) if self.moving.is_some() => FailoverState::FailingOver,
             Serving::Local(_) if self.failing_back => FailoverState::FailingBack,
             Serving::Local(_) if had_hub => FailoverState::FailedOver,
             Serving::Local(_) => FailoverState::Standalone,

@@ -23,6 +23,12 @@ pub enum Command {
     },
     /// Our `{"t":"stats"}` extension.
     Stats(WorkerId),
+    /// The worker's answer to a planned stop's `move`: it is starting its own
+    /// LISTEN connection, cut at `token` (see `router/moves.rs`).
+    MoveAnswer {
+        worker: WorkerId,
+        token: String,
+    },
     /// The worker's connection ended.
     Gone(WorkerId),
 }

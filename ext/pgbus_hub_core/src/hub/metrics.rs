@@ -192,6 +192,16 @@ const COUNTERS: &[(&str, &str, &str)] = &[
         "pgbus_hub_refused_subs_total",
         "Subs refused by max_channels_per_connection or max_channels.",
     ),
+    (
+        "moved_workers",
+        "pgbus_hub_moved_workers_total",
+        "Workers a planned stop handed over to their own connection at their markers (nothing lost, nothing twice).",
+    ),
+    (
+        "unmoved_workers",
+        "pgbus_hub_unmoved_workers_total",
+        "Workers a planned stop closed without a marker (no answer to move, or the deadline): they failed over.",
+    ),
 ];
 
 /// The families of `stats` (a [`super::HubStats::fields`] map, with

@@ -36,7 +36,7 @@ use crate::listener::{self, ListenerConfig, ListenerStats};
 use crate::log::LogSink;
 use crate::owned_thread::{OwnedThread, Stopped};
 use crate::process::Owner;
-use crate::shutdown::{shutdown, Shutdown};
+use crate::shutdown::{shutdown, Shutdown, ShutdownTrigger};
 use crate::sync::lock;
 use limits::Limits;
 use metrics::{AckHistogram, AckTimes, MetricsConfig};
@@ -48,6 +48,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use totals::Totals;
+
+pub use router::{MOVE_ANSWER_GRACE, MOVE_DEADLINE};
 
 pub use limits::{
     DEFAULT_DURABLE_QUEUE_LIMIT, DEFAULT_HARD_QUEUE_LIMIT, DEFAULT_MAX_CHANNELS,
@@ -108,6 +110,11 @@ pub struct HubStats {
     pub rejected_peers: u64,
     /// Subs refused because they would pass a channel cap.
     pub refused_subs: u64,
+    /// Workers a planned stop handed over at their markers (nothing lost, nothing twice).
+    pub moved_workers: u64,
+    /// Workers a planned stop closed without a marker (no answer to `move`,
+    /// the deadline): they failed over as after an unplanned stop.
+    pub unmoved_workers: u64,
     pub listener_restarts: u64,
     /// Sub->ack times (from a sub frame read to its ack written).
     pub subscribe_ack: AckTimes,
@@ -157,6 +164,8 @@ impl HubStats {
         put("evicted_workers", self.evicted_workers.into());
         put("rejected_peers", self.rejected_peers.into());
         put("refused_subs", self.refused_subs.into());
+        put("moved_workers", self.moved_workers.into());
+        put("unmoved_workers", self.unmoved_workers.into());
         put("listener_restarts", self.listener_restarts.into());
         put("subscribe_ack_seconds", self.subscribe_ack.to_json());
         put("threads", self.threads.into());
@@ -197,6 +206,9 @@ pub(crate) struct HubShared {
     rejected_peers: AtomicU64,
     /// Subs refused by the channel caps.
     refused_subs: AtomicU64,
+    /// Counted by a stop's hand-over (`router/moves.rs`).
+    moved_workers: AtomicU64,
+    unmoved_workers: AtomicU64,
     listener_restarts: AtomicU64,
     subscribe_ack: AckHistogram,
     /// What earlier hubs at this socket path counted in this process: added to every counter.
@@ -228,6 +240,8 @@ impl HubShared {
             frames_sent: AtomicU64::new(0),
             rejected_peers: AtomicU64::new(0),
             refused_subs: AtomicU64::new(0),
+            moved_workers: AtomicU64::new(0),
+            unmoved_workers: AtomicU64::new(0),
             listener_restarts: AtomicU64::new(0),
             subscribe_ack: AckHistogram::new(),
             carried: Totals::carried(&config.socket_path),
@@ -259,6 +273,8 @@ impl HubShared {
             evicted_workers: self.backpressure.evicted(),
             rejected_peers: self.rejected_peers.load(Ordering::Relaxed),
             refused_subs: self.refused_subs.load(Ordering::Relaxed),
+            moved_workers: self.moved_workers.load(Ordering::Relaxed),
+            unmoved_workers: self.unmoved_workers.load(Ordering::Relaxed),
             listener_restarts: self.listener_restarts.load(Ordering::Relaxed),
             subscribe_ack: self.subscribe_ack.snapshot(),
             threads,
@@ -286,6 +302,8 @@ pub struct MasterHub {
 
 struct Running {
     thread: OwnedThread,
+    /// Cuts a stop's hand-over short (fired, or dropped: a cancelled stop, a drop).
+    hurry: ShutdownTrigger,
     socket: SocketFile,
     /// The `GET /metrics` endpoint's thread, when configured and bound.
     metrics: Option<OwnedThread>,
@@ -321,11 +339,15 @@ impl MasterHub {
         let shared = Arc::new(HubShared::new(&config));
         let metrics_config = config.metrics.clone();
         let (trigger, shutdown) = shutdown();
+        let (hurry, hurried) = self::shutdown();
         let thread_shared = shared.clone();
         let spawned = OwnedThread::spawn(
             "pgbus-hub",
             move || trigger.trigger(),
-            move || runtime.block_on(run(thread_shared, config, std_listener, shutdown)),
+            move || {
+                let run = run(thread_shared, config, std_listener, shutdown, hurried);
+                runtime.block_on(run)
+            },
         );
         let thread = match spawned {
             Ok(thread) => thread,
@@ -342,6 +364,7 @@ impl MasterHub {
             shared,
             running: Some(Running {
                 thread,
+                hurry,
                 socket,
                 metrics,
             }),
@@ -379,34 +402,40 @@ impl MasterHub {
         self.shared.stats(self.threads())
     }
 
-    /// Idempotent. Closes every worker, UNLISTENs, closes PostgreSQL, joins the
-    /// thread, unlinks the socket if it is still ours. Blocks (callers release the GVL).
+    /// Idempotent. Unlinks the socket if it is still ours (no new worker
+    /// reaches a stopping hub), hands every worker over to its own LISTEN
+    /// connection at a marker (`router/moves.rs`: at most `MOVE_DEADLINE`),
+    /// closes the rest, UNLISTENs, closes PostgreSQL, joins the thread.
+    /// Blocks (callers release the GVL).
     pub fn stop(&mut self) {
         self.stop_or_cancel(&crossbeam_channel::never());
     }
 
     /// [`MasterHub::stop`], giving up the wait for the hub thread as soon as
-    /// `cancel` receives (an embedder's unblock function): the thread, already
-    /// told to stop, then finishes on its own (within the engine's stop grace)
-    /// and nothing waits for it. The socket is unlinked either way, so no
-    /// worker connects to a stopping hub.
+    /// `cancel` receives (an embedder's unblock function): the hand-over is
+    /// cut short (every worker closed now), the thread finishes on its own
+    /// (within the engine's stop grace) and nothing waits for it.
     pub fn stop_or_cancel(&mut self, cancel: &crossbeam_channel::Receiver<()>) {
         if !self.owner.is_current() {
             return;
         }
         let Some(Running {
             thread,
+            hurry,
             socket,
             metrics,
         }) = self.running.take()
         else {
             return;
         };
+        // First: no worker connects to a stopping hub, no fail-back probe finds it.
+        socket.unlink_if_ours(&self.socket_path);
         let mut metrics = metrics;
         if let Some(metrics) = &mut metrics {
             metrics.signal(); // it ends while the hub's thread does
         }
         if thread.stop_or_cancel(cancel, None) == Stopped::Cancelled {
+            hurry.trigger();
             self.shared
                 .log
                 .info("master hub stop interrupted: its thread finishes stopping on its own");
@@ -415,8 +444,6 @@ impl MasterHub {
             // Told already: it ends at its next poll; a scrape is not worth holding the stop for.
             metrics.stop_or_cancel(cancel, Some(METRICS_STOP));
         }
-        // Either way: no worker connects to a stopping hub.
-        socket.unlink_if_ours(&self.socket_path);
         Totals::keep(&self.socket_path, &self.stats());
         self.shared.log.info(format!(
             "master hub at {} stopped",
@@ -435,11 +462,13 @@ impl Drop for MasterHub {
         }
         if let Some(Running {
             thread,
+            hurry,
             socket,
             metrics,
         }) = self.running.take()
         {
             drop(metrics);
+            drop(hurry); // first: no hand-over, a drop never waits
             drop(thread);
             socket.unlink_if_ours(&self.socket_path);
             Totals::keep(&self.socket_path, &self.stats());
@@ -479,6 +508,7 @@ async fn run(
     config: HubConfig,
     std_listener: std::os::unix::net::UnixListener,
     shutdown: Shutdown,
+    hurry: Shutdown,
 ) {
     let unix = match tokio::net::UnixListener::from_std(std_listener) {
         Ok(unix) => unix,
@@ -495,5 +525,5 @@ async fn run(
         router.commands(),
         shutdown.clone(),
     ));
-    router.run(inputs, shutdown).await;
+    router.run(inputs, shutdown, hurry).await;
 }

@@ -131,6 +131,16 @@ impl Outbox {
         }
     }
 
+    /// Queues the catch-up wakes still owed as live frames, so that a frame
+    /// queued next (a planned stop's `marker`, after which the worker reads
+    /// the hub no more) follows them.
+    pub fn settle_catch_up(&mut self) {
+        let owed = std::mem::take(&mut self.catch_up);
+        self.queued += owed.len() as u64;
+        self.frames
+            .extend(owed.into_iter().map(|frame| (frame, false)));
+    }
+
     /// Catch-up wakes still owed.
     pub fn owes_catch_up(&self) -> bool {
         !self.catch_up.is_empty()

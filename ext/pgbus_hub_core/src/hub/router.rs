@@ -5,6 +5,10 @@
 //! [`Router::fan_out_wake`]), and broadcasts the hub's health. Nothing else
 //! mutates this state, so it needs no lock.
 
+mod moves;
+
+pub use moves::{MOVE_ANSWER_GRACE, MOVE_DEADLINE};
+
 use super::command::{Command, Commands};
 use super::limits::COMMAND_QUEUE;
 use super::pending::{PendingSubs, Sub};
@@ -74,9 +78,10 @@ impl Router {
 
     /// Serves until `shutdown`: routes, answers, broadcasts health, and
     /// restarts the LISTEN engine if it ever ends on its own (pgbus's Ruby hub
-    /// never does, and the host goes deaf). Then closes every worker and stops
+    /// never does, and the host goes deaf). Then hands every worker over
+    /// (`moves.rs`; cut short when `hurry` fires), closes the rest and stops
     /// the engine.
-    pub async fn run(mut self, mut inputs: Inputs, mut shutdown: Shutdown) {
+    pub async fn run(mut self, mut inputs: Inputs, mut shutdown: Shutdown, hurry: Shutdown) {
         self.engine.start();
         let mut ticker = tokio::time::interval(self.shared.limits.status_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -95,6 +100,7 @@ impl Router {
                 () = self.engine.ended() => self.restart_engine(),
             }
         }
+        self.hand_over(&mut inputs, hurry).await;
         for worker in self.workers.values() {
             worker.close();
         }
@@ -141,6 +147,10 @@ impl Router {
             }),
             Command::Unsub { worker, queue } => self.unsubscribe(worker, &queue),
             Command::Stats(worker) => self.send_stats(worker),
+            // Only a stop asks a worker to move (`moves.rs` reads its answer there).
+            Command::MoveAnswer { worker, token } => self.shared.log.debug(format!(
+                "connection {worker} answered a move ({token:?}) no stop asked for — ignored"
+            )),
             Command::Gone(worker) => self.remove_worker(worker),
         }
         self.publish_counts();

@@ -29,6 +29,8 @@ pub(crate) struct Totals {
     evicted_workers: u64,
     rejected_peers: u64,
     refused_subs: u64,
+    moved_workers: u64,
+    unmoved_workers: u64,
     listener_restarts: u64,
     subscribe_ack: AckTimes,
 }
@@ -54,6 +56,8 @@ impl Totals {
             evicted_workers: stats.evicted_workers,
             rejected_peers: stats.rejected_peers,
             refused_subs: stats.refused_subs,
+            moved_workers: stats.moved_workers,
+            unmoved_workers: stats.unmoved_workers,
             listener_restarts: stats.listener_restarts,
             subscribe_ack: stats.subscribe_ack.clone(),
         };
@@ -71,6 +75,8 @@ impl Totals {
         stats.evicted_workers += self.evicted_workers;
         stats.rejected_peers += self.rejected_peers;
         stats.refused_subs += self.refused_subs;
+        stats.moved_workers += self.moved_workers;
+        stats.unmoved_workers += self.unmoved_workers;
         stats.listener_restarts += self.listener_restarts;
         let ack = &mut stats.subscribe_ack;
         ack.count += self.subscribe_ack.count;

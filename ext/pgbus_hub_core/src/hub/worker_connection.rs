@@ -11,8 +11,7 @@ use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
 use super::HubShared;
 use crate::log::LogSink;
-use crate::protocol::Frame;
-use crate::protocol::Message;
+use crate::protocol::{Frame, Message, Move};
 use crate::sync::lock;
 use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
@@ -118,6 +117,11 @@ impl WorkerConnection {
         if self.outbox().owe_catch_up(frames) {
             self.ready.notify_one();
         }
+    }
+
+    /// Queues what catch-up it is still owed as live frames (see [`Outbox::settle_catch_up`]).
+    pub fn settle_catch_up(&self) {
+        self.outbox().settle_catch_up();
     }
 
     /// True the first time only: a hostile peer's refusals are logged once.
@@ -270,9 +274,13 @@ fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) 
             queue,
         }),
         Message::Stats(_) => Next::Send(Command::Stats(worker.id)),
+        Message::Move(Move::Answer { token }) => Next::Send(Command::MoveAnswer {
+            worker: worker.id,
+            token,
+        }),
         // Logged exactly as an unknown frame until the hub acts on them
-        // (issue 56, docs/architecture.md's plan, step 3).
-        Message::Move(_) | Message::Marker(_) | Message::Replace(_) => {
+        // (issue 56, docs/architecture.md's plan: fail-back and replace).
+        Message::Marker(_) | Message::Replace(_) => {
             log.warn(format!(
                 "{} sent unknown frame (t={:?}) — ignored",
                 worker.label(),

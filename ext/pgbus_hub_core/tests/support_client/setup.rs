@@ -70,9 +70,12 @@ fn expect_one_failure(deliveries: &Pump) -> String {
     let reason = loop {
         match deliveries.recv_timeout(Duration::from_secs(5)) {
             Some(Delivery::Failed { reason }) => break reason,
-            Some(Delivery::Wake { .. } | Delivery::Listening { .. } | Delivery::Marker { .. }) => {
-                continue
-            }
+            Some(
+                Delivery::Wake { .. }
+                | Delivery::Listening { .. }
+                | Delivery::Marker { .. }
+                | Delivery::Move { .. },
+            ) => continue,
             None => panic!("no Delivery::Failed within 5 s"),
         }
     };
