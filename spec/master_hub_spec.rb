@@ -88,6 +88,8 @@ RSpec.describe Pgbus::Hub::MasterHub do
     expect(hub.stop).to equal(hub)
     expect(hub).not_to be_running
     expect(File.exist?(hub.socket_path)).to be(false)
+    # A peer that does not answer the stop's move (as pgbus's own client: an unknown frame) is closed after the grace.
+    expect(peer.next_non_status).to include("t" => "move", "c" => start_with("pgbus_hub.handover."))
     expect(peer.next_non_status).to be_nil
     wait_for("listen connection closed") { TestDatabase.census == before }
   end

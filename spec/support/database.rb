@@ -12,12 +12,16 @@ rescue LoadError
 end
 
 # The real local PostgreSQL the suite talks to (no mocks). bin/setup creates
-# the pgbus_hub_test database; CI exports PGBUS_HUB_TEST_DATABASE_URL.
+# the pgbus_hub_test role and database; CI exports PGBUS_HUB_TEST_DATABASE_URL.
 module TestDatabase
   module_function
 
+  # bin/setup's test role, over TCP as CI has it: the README's `bash bin/setup && rake test` runs
+  # what CI runs (HeldRelay finds its backend by its TCP client port; a Unix socket has none).
+  SETUP_URL = "postgres://pgbus_hub_test:pgbus-hub@127.0.0.1:5432/pgbus_hub_test"
+
   def url
-    ENV["PGBUS_HUB_TEST_DATABASE_URL"] || ENV["DATABASE_URL"] || "host=/var/run/postgresql dbname=pgbus_hub_test"
+    ENV["PGBUS_HUB_TEST_DATABASE_URL"] || ENV["DATABASE_URL"] || SETUP_URL
   end
 
   # The suite's own connection: ruby-pg's, else a psql session (PsqlConnection), which answers the
