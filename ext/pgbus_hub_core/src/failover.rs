@@ -8,14 +8,20 @@
 //! swaps it in. A hub that cannot be reached at start means the local
 //! listener at once.
 //!
+//! A planned stop of the hub is not a failure: the hub sends `move`, and the
+//! worker starts its own connection cut at the hub's marker (`moves.rs`):
+//! nothing missed, nothing twice, no queue woken.
+//!
 //! **Fail-back**: from then on a thread probes the hub's socket (every
 //! [`FAIL_BACK_FIRST`], doubling to [`FAIL_BACK_MAX`]). Once a hub answers
 //! again (a sidecar its supervisor restarted, a Puma master's new hub), a new
 //! client subscribes every recorded subscription through it while the local
-//! listener keeps serving; only when all are acked is the client swapped in
-//! and the local connection closed, then every subscribed queue is woken once
-//! (durable), so what was committed during the switch is re-read. A payload
-//! NOTIFYed during the switch may arrive twice (once on each connection).
+//! listener keeps serving; when all are acked the hub takes new ones and the
+//! two are cut at a marker (`fail_back.rs`): the local connection delivers up
+//! to it, the hub from it, then the local connection is closed. A hub that
+//! does not commit the cut within the ack budget (an older one) gets the
+//! worker back as before: every subscribed queue woken once (durable), and
+//! a payload NOTIFYed during the switch may arrive twice.
 //!
 //! No acknowledged subscription is lost: a queue is recorded before the
 //! caller's sub goes out, and the swap happens in the same critical section
@@ -37,7 +43,8 @@
 //! subscription is dropped, never replayed).
 //!
 //! One job per file: this one the API and the pump's [`FailoverWakes`];
-//! `fail_over.rs` (the hub failed), `fail_back.rs` (it answers again),
+//! `fail_over.rs` (the hub failed), `moves.rs` (it stops and asks the worker
+//! to move), `fail_back.rs` (it answers again),
 //! `async_listens.rs` (`listen_async`'s thread), `state.rs` (the
 //! [`FailoverState`] words and the table deriving them).
 
@@ -66,7 +73,7 @@ use crossbeam_channel::{Receiver, Sender};
 use state::{Serving, State};
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -152,6 +159,9 @@ struct FailoverShared {
     hub: Option<ClientConfig>,
     /// Probes for the hub while the local listener serves; taken by `stop`.
     fail_back: Mutex<Option<OwnedThread>>,
+    /// True while the pump drops the hub's wakes of an aligned fail-back's
+    /// set until the hub's marker (`backing` says which): no lock per wake otherwise.
+    dropping: AtomicBool,
     listener: ListenerConfig,
     /// Where the local listener's wakes go (the pump reads them after the swap).
     local_wakes: DeliverySender,
@@ -207,6 +217,7 @@ impl FailoverListener {
             state: Mutex::new(State {
                 serving,
                 moving: None,
+                backing: None,
                 subscriptions: HashSet::new(),
                 failed_over: false,
                 failing_back: false,
@@ -218,6 +229,7 @@ impl FailoverListener {
             failing_over: Mutex::new(()),
             hub: hub_config,
             fail_back: Mutex::new(None),
+            dropping: AtomicBool::new(false),
             listener: config.listener,
             local_wakes,
             refused: RefusedNames::default(),
@@ -393,17 +405,21 @@ impl FailoverListener {
     /// Idempotent: stops whichever side serves; no fail-over happens after it.
     /// Waits for the side's threads unless `cancel` receives (see the sides' `stop_or_cancel`).
     pub fn stop_or_cancel(&self, cancel: &Receiver<()>) {
-        let (serving, moving, was_stopped) = {
+        let (serving, moving, backing, was_stopped) = {
             let mut state = lock(&self.shared.state);
             let was_stopped = std::mem::replace(&mut state.stopped, true);
             (
                 std::mem::replace(&mut state.serving, Serving::Nobody),
                 state.moving.take(),
+                state.backing.take(),
                 was_stopped,
             )
         };
         if let Some(moving) = moving {
             moving.client.stop_or_cancel(cancel);
+        }
+        if let Some(local) = backing.and_then(|backing| backing.local) {
+            local.stop_or_cancel(cancel);
         }
         if !was_stopped {
             let stopped = FailoverState::Stopped;
@@ -472,7 +488,8 @@ impl WakeSource for FailoverWakes {
     /// listener's (`move`, `marker`, `Failed`), then the local channel's: the
     /// own connection's wakes and `listen_async`'s confirmations. During a
     /// move the local channel waits: the own connection's wakes follow the
-    /// hub's `marker` (`moves.rs`).
+    /// hub's `marker` (`moves.rs`). During an aligned fail-back the own
+    /// connection's marker switches the pump to the hub (`fail_back.rs`).
     fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
         let hub = lock(&self.shared.hub_reader).clone();
         let mut batch = match hub {
@@ -482,10 +499,15 @@ impl WakeSource for FailoverWakes {
         if lock(&self.shared.state).moving.is_none() {
             self.local.take_ready(&mut batch, max);
         }
-        // The own connection's cut marker: where its stream starts, nothing to deliver.
-        batch
-            .items
-            .retain(|item| !matches!(item, Delivery::Marker { .. }));
+        // The own connection's markers: where its stream starts (a move) or
+        // ends (a fail-back), nothing to deliver.
+        batch.items.retain(|item| match item {
+            Delivery::Marker { token } => {
+                self.shared.own_marker(token);
+                false
+            }
+            _ => true,
+        });
         batch
     }
 
@@ -512,6 +534,11 @@ impl FailoverWakes {
                     cut = true;
                     break;
                 }
+                Delivery::Marker { token } => self.shared.hub_marker(&token),
+                // Before the hub's marker the own connection delivered it.
+                Delivery::Wake(wake)
+                    if self.shared.dropping.load(Ordering::Acquire)
+                        && self.shared.delivered_before_the_cut(&wake.queue) => {}
                 Delivery::Failed { .. } => failed = true,
                 item => items.push(item),
             }

@@ -3,6 +3,8 @@
 //! every subscription replayed; local from the start without a hub; one
 //! outcome for a refused name; nothing built after stop.
 
+mod support_hub;
+mod support_os;
 mod support_pg;
 mod support_wait;
 
@@ -242,16 +244,11 @@ fn a_restarted_hub_takes_the_worker_back_once_it_acks_every_subscription() {
     );
     assert!(listener.local().is_none());
     fx.wait_for_census(1); // the hub's connection; the worker's own closed
-    let mut caught_up = vec![pump.expect_durable_wake(), pump.expect_durable_wake()];
-    caught_up.sort();
-    assert_eq!(
-        caught_up, both,
-        "one durable wake per queue after the switch"
-    );
+                           // Switched at a marker: nothing to re-read, so no catch-up wake.
     fx.notify(&a, "through the restarted hub");
     pump.expect_wake(&a, "through the restarted hub");
     assert_eq!(restarted.stats().workers, 1);
-    assert_eq!(logged(&records, "back on the master hub"), 1);
+    assert_eq!(logged(&records, "back on the master hub at its marker"), 1);
 
     // And it moves again when that hub stops (at its marker: nothing to re-read).
     restarted.stop();
@@ -640,4 +637,113 @@ fn a_peer_that_ignores_move_is_closed_after_the_grace_and_counted_unmoved() {
     pump.expect_wake(&queue, "after");
     listener.stop();
     fx.wait_for_census(0);
+}
+
+/// Issue 56 items 1 and 2, one after the other under one steady stream, as
+/// a sidecar's restart is: the hub stopped (each worker moves to its own
+/// connection at the hub's marker), then a new hub at the same path (each
+/// fails back at a marker the new hub commits with the own connection's).
+/// Every number once, in order, at every worker; no catch-up wake anywhere.
+#[test]
+fn a_stopped_hub_and_its_successor_lose_nothing_and_double_nothing_under_a_stream() {
+    use pgbus_hub_core::failover::FailoverState;
+    const WORKERS: usize = 3;
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut hub = fx.hub();
+    let queue = fx.queue("restart");
+    let (log, records) = LogSink::channel();
+    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
+        .map(|_| {
+            let (listener, pump) = fx.failover(Some(&hub), log.clone());
+            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+            (listener, pump)
+        })
+        .collect();
+    fx.wait_for_census(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let notifier = {
+        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut sent = 0u32;
+            // Bounded: far more than the few seconds this runs.
+            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
+                support_pg::notify(&mut sql, &queue, &sent.to_string());
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    hub.stop();
+    fx.wait_for_census(WORKERS as i64);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut successor = fx.hub();
+    support_wait::wait_until("every worker back on the hub", || {
+        workers
+            .iter()
+            .all(|(listener, _)| listener.state() == FailoverState::OnHub)
+    });
+    fx.wait_for_census(1);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let sent = notifier.join().unwrap();
+    assert!(sent < 20_000, "the stream ran out before the end");
+    for (_, pump) in &workers {
+        let numbers = numbers_until(pump, sent - 1);
+        assert_eq!(
+            numbers,
+            (0..sent).collect::<Vec<_>>(),
+            "once each, in order"
+        );
+    }
+    assert_eq!(
+        logged(&records, "back on the master hub at its marker"),
+        WORKERS
+    );
+    assert_eq!(successor.stats().workers, WORKERS);
+    for (listener, _) in &workers {
+        listener.stop();
+    }
+    successor.stop();
+    fx.wait_for_census(0);
+}
+
+/// A hub that acks but never commits the cut (pgbus's Ruby hub, an older
+/// pgbus-hub: `marker` is an unknown frame to them): the fail-back waits the
+/// ack budget for the marker, then finishes as before the cut existed, the
+/// own connection closed and every queue woken once.
+#[test]
+fn a_hub_that_ignores_the_marker_request_gets_the_worker_back_unaligned_after_the_budget() {
+    use pgbus_hub_core::failover::FailoverState;
+    use pgbus_hub_core::protocol::{Marker, Message};
+    let Some(mut fx) = Fixture::new() else { return };
+    let stub = support_hub::StubHub::start(support_hub::Behaviour::default());
+    let queue = fx.queue("unaligned");
+    let (log, records) = LogSink::channel();
+    let config = FailoverConfig {
+        socket_path: Some(stub.path().to_owned()),
+        listener: fx.listener(log),
+    };
+    let (listener, wakes) =
+        FailoverListener::start_or_cancel(config, &crossbeam_channel::never()).unwrap();
+    let pump = Pump::start(wakes);
+    assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+    stub.close_all(); // the hub fails: the worker's own connection serves
+    support_wait::wait_until("the fail-over", || listener.failed_over());
+    assert_eq!(pump.expect_durable_wake(), queue); // its catch-up
+    support_wait::wait_until("back on the stub", || {
+        listener.state() == FailoverState::OnHub
+    });
+    let asked = stub
+        .received()
+        .into_iter()
+        .filter(|m| matches!(m, Message::Marker(Marker::Commit { .. })))
+        .count();
+    assert_eq!(asked, 1, "the cut was asked for once");
+    assert_eq!(pump.expect_durable_wake(), queue, "woken once, unaligned");
+    assert_eq!(logged(&records, "back on the master hub unaligned"), 1);
+    fx.wait_for_census(0); // the own connection closed
+    listener.stop();
 }

@@ -498,6 +498,15 @@ impl HubClient {
         }));
     }
 
+    /// Asks the hub to commit a cut (`{"t":"marker","c":channel,"k":token}`)
+    /// and to send `marker` once it read it. Fire-and-forget, as `unsubscribe`.
+    pub fn request_marker(&self, channel: &str, token: &str) {
+        self.send_quietly(Message::Marker(Marker::Commit {
+            channel: channel.to_owned(),
+            token: token.to_owned(),
+        }));
+    }
+
     /// The hub's last `status{healthy}`; true before the first, false once dead.
     pub fn hub_healthy(&self) -> bool {
         self.owner.is_current()

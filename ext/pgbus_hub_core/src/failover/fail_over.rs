@@ -53,6 +53,8 @@ impl FailoverShared {
     /// (see the module doc).
     pub(super) fn fail_over(self: &Arc<Self>) {
         let _one = lock(&self.failing_over);
+        // A fail-back switching at a cut: its hub failed before the cut.
+        self.abandon_backing();
         {
             let mut state = lock(&self.state);
             if state.stopped || state.failed_over {

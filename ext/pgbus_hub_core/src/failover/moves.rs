@@ -38,7 +38,12 @@ impl FailoverShared {
         let began = Instant::now();
         let mut state = lock(&self.state);
         let client = match &state.serving {
-            Serving::Hub(client) if !state.stopped && state.moving.is_none() => Arc::clone(client),
+            // Not during an aligned fail-back: its own connection still delivers up to its cut.
+            Serving::Hub(client)
+                if !state.stopped && state.moving.is_none() && state.backing.is_none() =>
+            {
+                Arc::clone(client)
+            }
             _ => return,
         };
         // In one critical section with the swap: a subscription recorded

@@ -2,7 +2,7 @@
 //! under the listener's one lock), and the one place that reads them
 //! ([`State::state`]). The state words themselves: `failover_state.rs`.
 
-use crate::client::HubClient;
+use crate::client::{DrivenReader, HubClient};
 use crate::failover_state::FailoverState;
 use crate::listener::StandaloneListener;
 use std::collections::HashSet;
@@ -27,10 +27,28 @@ pub(super) struct Moving {
     pub(super) began: std::time::Instant,
 }
 
+/// An aligned fail-back under way (`fail_back.rs`): the hub serves new
+/// subscriptions, the own connection delivers until its marker `token`;
+/// then the pump reads the hub, dropping the wakes of `subscriptions` (the
+/// own connection delivered them) until the hub's `marker` `token`.
+pub(super) struct Backing {
+    pub(super) token: String,
+    /// Until the own connection's marker: the old side, and the hub client's
+    /// reader the pump takes up there. Both None once it did.
+    pub(super) local: Option<Arc<StandaloneListener>>,
+    pub(super) reader: Option<Arc<DrivenReader>>,
+    pub(super) subscriptions: HashSet<String>,
+    pub(super) began: std::time::Instant,
+    /// Never sent on: dropped with this when the fail-back ends (at the hub's
+    /// marker, or given up), which ends the fail-back thread's bounded wait.
+    pub(super) _done: crossbeam_channel::Sender<()>,
+}
+
 /// Behind the listener's `state` lock.
 pub(super) struct State {
     pub(super) serving: Serving,
     pub(super) moving: Option<Moving>,
+    pub(super) backing: Option<Backing>,
     pub(super) subscriptions: HashSet<String>,
     /// Set by a fail-over (whatever it came to), cleared by a fail-back.
     pub(super) failed_over: bool,
@@ -47,6 +65,7 @@ impl State {
     /// |-----------|-----------|---------------|----------------|-----------|----------------|
     /// | true      | any       | any           | any            | any       | `stopped`      |
     /// | false     | `Hub`     | true          | -              | -         | `failing_over` |
+    /// | false     | `Hub`     | false         | (`backing` is set)        | -         | `failing_back` |
     /// | false     | `Hub`     | false         | -              | -         | `on_hub`       |
     /// | false     | `Local`   | (`moving` is set)              | -         | `failing_over` |
     /// | false     | `Local`   | -             | true           | -         | `failing_back` |
@@ -70,6 +89,8 @@ impl State {
         match &self.serving {
             _ if self.stopped => FailoverState::Stopped,
             Serving::Hub(_) if self.failed_over => FailoverState::FailingOver,
+            // An aligned fail-back: the hub serves new subscriptions, the own connection delivers until the cut.
+            Serving::Hub(_) if self.backing.is_some() => FailoverState::FailingBack,
             Serving::Hub(_) => FailoverState::OnHub,
             // A move: the own connection takes new subscriptions, the hub delivers until its marker.
             Serving::Local(_) if self.moving.is_some() => FailoverState::FailingOver,

@@ -29,6 +29,13 @@ pub enum Command {
         worker: WorkerId,
         token: String,
     },
+    /// A worker failing back asks for the cut between its own connection
+    /// (`channel`, its private channel) and this hub (`Router::commit_marker`).
+    MarkerCommit {
+        worker: WorkerId,
+        channel: String,
+        token: String,
+    },
     /// The worker's connection ended.
     Gone(WorkerId),
 }

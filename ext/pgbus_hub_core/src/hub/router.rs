@@ -16,8 +16,8 @@ use super::registry::Registry;
 use super::supervisor::{EngineSupervisor, FromEngine};
 use super::worker_connection::{WorkerConnection, WorkerId};
 use super::{HubConfig, HubShared};
-use crate::listener::{Event, ListenError};
-use crate::protocol::{Frame, Message, Wake};
+use crate::listener::{Cut, Event, ListenError};
+use crate::protocol::{Frame, Marker, Message, Wake};
 use crate::shutdown::Shutdown;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -40,6 +40,10 @@ pub struct Router {
     /// workers after its status frame is queued, so an ack it releases follows it.
     pending: PendingSubs,
     next_worker: WorkerId,
+    /// Cut tokens workers failing back asked this hub to commit, and whose:
+    /// read on the private channel, each becomes that worker's `marker`
+    /// (at most one per worker: a newer request replaces an older one).
+    markers: HashMap<String, WorkerId>,
     engine: EngineSupervisor,
     commands: Commands,
 }
@@ -62,6 +66,7 @@ impl Router {
             monitors: HashSet::new(),
             pending: PendingSubs::default(),
             next_worker: 1,
+            markers: HashMap::new(),
             engine,
             commands,
         };
@@ -124,12 +129,18 @@ impl Router {
                     self.broadcast_status();
                 }
             }
-            // No worker awaits a cut's marker until the hub hands workers
-            // over (issue 56, docs/architecture.md's plan, step 3): another
-            // session NOTIFYed it on the hub's private channel.
-            Event::Marker(token) => self.shared.log.debug(format!(
-                "the LISTEN engine read the marker {token:?}, which no worker awaits — ignored"
-            )),
+            Event::Marker(token) => match self.markers.remove(&token) {
+                Some(id) => {
+                    if let Some(worker) = self.workers.get(&id) {
+                        self.send(worker, &Message::Marker(Marker::Read { token }));
+                    }
+                }
+                // Another session NOTIFYed it on the hub's private channel,
+                // or its worker left before it was read.
+                None => self.shared.log.debug(format!(
+                    "the LISTEN engine read the marker {token:?}, which no worker awaits — ignored"
+                )),
+            },
         }
     }
 
@@ -147,6 +158,11 @@ impl Router {
             }),
             Command::Unsub { worker, queue } => self.unsubscribe(worker, &queue),
             Command::Stats(worker) => self.send_stats(worker),
+            Command::MarkerCommit {
+                worker,
+                channel,
+                token,
+            } => self.commit_marker(worker, channel, token),
             // Only a stop asks a worker to move (`moves.rs` reads its answer there).
             Command::MoveAnswer { worker, token } => self.shared.log.debug(format!(
                 "connection {worker} answered a move ({token:?}) no stop asked for — ignored"
@@ -337,7 +353,38 @@ impl Router {
         }
     }
 
+    /// A worker failing back asks for the cut (docs/architecture.md, "2.
+    /// Fail-back, aligned"): `NOTIFY channel, K; NOTIFY <ours>, K` in one
+    /// transaction; once this hub reads K the worker gets `marker` K, in
+    /// stream order: its wakes after that follow the cut. A refused or failed
+    /// commit sends nothing: the worker, past its budget, switches unaligned.
+    fn commit_marker(&mut self, worker: WorkerId, channel: String, token: String) {
+        let log = self.shared.log.clone();
+        let Some(label) = self.workers.get(&worker).map(|w| w.label()) else {
+            return;
+        };
+        let cut = match Cut::new(channel, token.clone()) {
+            Ok(cut) => cut,
+            Err(error) => {
+                return log.warn(format!("{label} asked for a marker: {error} — refused"));
+            }
+        };
+        let Some(engine) = self.engine.handle() else {
+            return;
+        };
+        self.markers.retain(|_, id| *id != worker);
+        self.markers.insert(token, worker);
+        engine.commit_cut_then(cut, move |outcome| {
+            if let Err(error) = outcome {
+                log.info(format!(
+                    "{label}'s marker not committed ({error}): it fails back unaligned"
+                ));
+            }
+        });
+    }
+
     fn remove_worker(&mut self, worker: WorkerId) {
+        self.markers.retain(|_, id| *id != worker);
         self.workers.remove(&worker);
         self.monitors.remove(&worker);
         for queue in self.registry.remove_worker(worker) {

@@ -11,7 +11,7 @@ use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
 use super::HubShared;
 use crate::log::LogSink;
-use crate::protocol::{Frame, Message, Move};
+use crate::protocol::{Frame, Marker, Message, Move};
 use crate::sync::lock;
 use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
@@ -278,9 +278,14 @@ fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) 
             worker: worker.id,
             token,
         }),
-        // Logged exactly as an unknown frame until the hub acts on them
-        // (issue 56, docs/architecture.md's plan: fail-back and replace).
-        Message::Marker(_) | Message::Replace(_) => {
+        Message::Marker(Marker::Commit { channel, token }) => Next::Send(Command::MarkerCommit {
+            worker: worker.id,
+            channel,
+            token,
+        }),
+        // Logged exactly as an unknown frame until the hub acts on it
+        // (issue 56, docs/architecture.md's plan: replace).
+        Message::Replace(_) => {
             log.warn(format!(
                 "{} sent unknown frame (t={:?}) — ignored",
                 worker.label(),
