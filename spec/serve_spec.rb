@@ -133,6 +133,40 @@ RSpec.describe "pgbus-hub serve", :puma do
     expect(Pgbus::Hub.stats(socket_path: @serve.socket)).to include(backend_pid: backend, reconnects: 0)
   end
 
+  # Issue 56 item 3, in both start orders: a newer serve replaces the hub at the socket (an older
+  # serve, or the Puma master's own because Puma booted first); the workers move to it at markers.
+  it "a newer serve takes the socket over from an older one: the older exits 0, the workers move and are woken" do
+    older = ServeProcess.new(PumaCluster::DATABASE_URL)
+    c = cluster(mode: :standalone, workers: 2, env: { "PGBUS_STREAMS_HUB_SOCKET" => older.socket })
+    c.wait_log(/a hub already serves/)
+    stream = unique_stream
+    subs = c.subscribe_all(stream)
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL, socket: older.socket)
+    expect(older.exited).to have_attributes(exitstatus: 0)
+    expect(older.output).to include("another pgbus-hub serve took #{older.socket} over")
+    expect(@serve.log).to include("took #{older.socket} over from the hub of pid #{older.pid}")
+    wait_for("the workers on the newer serve", timeout: 15) { Pgbus::Hub.stats(socket_path: @serve.socket)[:workers] == 2 }
+    expect(c.census_settles_at(0)).to eq(0) # the workers' own connections closed again
+    expect_wake_everywhere(c, subs.keys, stream, "through the newer serve")
+    expect(c.log.scan(/back on the master hub at its marker/).size).to eq(2)
+  ensure
+    older&.stop
+    older&.cleanup
+  end
+
+  it "serve started after a Puma that serves the socket itself takes it over: the master's hub yields" do
+    socket = File.join(Dir.mktmpdir("pgbus-order"), "hub.sock")
+    c = cluster(mode: :standalone, workers: 2, env: { "PGBUS_STREAMS_HUB_SOCKET" => socket })
+    c.wait_log(/master hub listening at #{Regexp.escape(socket)}/)
+    stream = unique_stream
+    subs = c.subscribe_all(stream)
+    @serve = ServeProcess.new(PumaCluster::DATABASE_URL, socket: socket)
+    c.wait_log(/took #{Regexp.escape(socket)} over: handing every worker over, then yielding/)
+    wait_for("the workers on serve", timeout: 15) { Pgbus::Hub.stats(socket_path: socket)[:workers] == 2 }
+    expect(c.census_settles_at(0)).to eq(0) # neither the master's hub nor a worker holds a connection
+    expect_wake_everywhere(c, subs.keys, stream, "through serve")
+  end
+
   def count_listen(conn)
     conn.exec("select count(*) from pg_stat_activity where application_name = 'pgbus-listen' " \
               "and datname = current_database()").getvalue(0, 0).to_i

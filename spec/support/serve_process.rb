@@ -49,5 +49,10 @@ class ServeProcess
     (::Process.kill("KILL", @pid) rescue nil) unless @status # rubocop:disable Style/RescueModifier
   end
 
+  # The exit status once it exits on its own (a newer serve took its socket over), nil after `timeout`.
+  def exited(timeout: 15)
+    @status ||= wait_for(nil, timeout: timeout) { ::Process.waitpid2(@pid, ::Process::WNOHANG)&.last }
+  end
+
   def cleanup = FileUtils.rm_rf(@dir)
 end

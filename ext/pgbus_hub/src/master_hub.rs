@@ -11,7 +11,7 @@ use crate::threads::{self, NativeObject};
 use magnus::gc::Marker;
 use magnus::typed_data::DataTypeFunctions;
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
-use pgbus_hub_core::hub::MasterHub;
+use pgbus_hub_core::hub::{HubConfig, MasterHub};
 use pgbus_hub_core::log::LogSink;
 use pgbus_hub_core::log_file::LogFile;
 use pgbus_hub_core::owned_thread::OwnedThread;
@@ -62,12 +62,36 @@ impl RbMasterHub {
     /// Binds the socket, starts the native thread and the log thread;
     /// raises Pgbus::Hub::Error with the reason.
     fn start(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
-        Self::native_start(ruby, &rb_self)?;
+        Self::native_start(ruby, &rb_self, MasterHub::start)?;
         threads::start(ruby, rb_self, "pgbus-hub")?;
         Ok(rb_self)
     }
 
-    fn native_start(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+    /// `start`, replacing a hub of ours that serves the socket path
+    /// (`pgbus-hub serve`; `MasterHub::take_over`): it hands its workers over and yields.
+    fn take_over(ruby: &Ruby, rb_self: Obj<Self>) -> Result<Obj<Self>, Error> {
+        Self::native_start(ruby, &rb_self, MasterHub::take_over)?;
+        threads::start(ruby, rb_self, "pgbus-hub")?;
+        Ok(rb_self)
+    }
+
+    /// A take-over waits for the old hub's answer (at most 2 s): never with the GVL held.
+    fn start_without_gvl(
+        ruby: &Ruby,
+        start: fn(HubConfig) -> Result<MasterHub, String>,
+        config: HubConfig,
+    ) -> Result<MasterHub, Error> {
+        nogvl_cancellable(move |_bounded| start(config))
+            .ok_or_else(|| panicked(ruby, "MasterHub#start"))?
+            .value
+            .map_err(|reason| hub_error(ruby, reason))
+    }
+
+    fn native_start(
+        ruby: &Ruby,
+        rb_self: &Self,
+        start: fn(HubConfig) -> Result<MasterHub, String>,
+    ) -> Result<(), Error> {
         if rb_self.hub().as_ref().is_some_and(MasterHub::is_running) {
             return Err(hub_error(ruby, "master hub is already running"));
         }
@@ -75,7 +99,7 @@ impl RbMasterHub {
         let options = rb_self.options(ruby)?;
         let config = options.config(log);
         let Some(path) = &options.log_file else {
-            let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason))?;
+            let hub = Self::start_without_gvl(ruby, start, config)?;
             *rb_self.hub() = Some(hub);
             rb_self.outputs.open_logs(records);
             return Ok(());
@@ -87,7 +111,7 @@ impl RbMasterHub {
             .spawn_writer(records)
             .map_err(|e| hub_error(ruby, format!("cannot start the log writer: {e}")))?;
         *lock(&rb_self.log_file) = Some((file, writer));
-        let hub = MasterHub::start(config).map_err(|reason| hub_error(ruby, reason));
+        let hub = Self::start_without_gvl(ruby, start, config);
         match hub {
             Ok(hub) => *rb_self.hub() = Some(hub),
             Err(error) => {
@@ -167,6 +191,7 @@ pub fn init(ruby: &Ruby, hub: RModule) -> Result<(), Error> {
     class.define_method("initialize", method!(RbMasterHub::initialize, -1))?;
     class.define_method("socket_path", method!(RbMasterHub::socket_path, 0))?;
     class.define_method("start", method!(RbMasterHub::start, 0))?;
+    class.define_method("take_over", method!(RbMasterHub::take_over, 0))?;
     class.define_method("stop", method!(threads::stop::<RbMasterHub>, 0))?;
     class.define_method("threads", method!(threads::alive::<RbMasterHub>, 0))?;
     class.define_method("running?", method!(RbMasterHub::native_running, 0))?;

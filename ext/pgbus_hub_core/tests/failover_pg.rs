@@ -747,3 +747,100 @@ fn a_hub_that_ignores_the_marker_request_gets_the_worker_back_unaligned_after_th
     fx.wait_for_census(0); // the own connection closed
     listener.stop();
 }
+
+/// Issue 56 item 3: `pgbus-hub serve` (N) started at the socket path an
+/// older hub of ours serves (O) takes it over under a steady stream: N
+/// renames its socket onto the path, O hands its workers over at their
+/// markers and ends, each fails back to N at N's: every number once, in
+/// order, at every worker; O's thread gone; census 1 (N's).
+#[test]
+fn a_new_hub_takes_the_path_over_and_the_old_one_yields_nothing_lost_or_twice() {
+    use pgbus_hub_core::failover::FailoverState;
+    const WORKERS: usize = 3;
+    let Some(mut fx) = Fixture::new() else { return };
+    let old = fx.hub();
+    let queue = fx.queue("replace");
+    let (log, records) = LogSink::channel();
+    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
+        .map(|_| {
+            let (listener, pump) = fx.failover(Some(&old), log.clone());
+            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+            (listener, pump)
+        })
+        .collect();
+    fx.wait_for_census(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let notifier = {
+        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut sent = 0u32;
+            // Bounded: far more than the few seconds this runs.
+            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
+                support_pg::notify(&mut sql, &queue, &sent.to_string());
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let mut new = MasterHub::take_over(fx.hub_config()).expect("the take-over");
+    assert_eq!(new.socket_path(), old.socket_path());
+    support_wait::wait_until("the old hub yields", || !old.is_running());
+    assert_eq!(old.stats().moved_workers, WORKERS as u64);
+    support_wait::wait_until("every worker on the new hub", || {
+        new.stats().workers == WORKERS
+            && workers
+                .iter()
+                .all(|(listener, _)| listener.state() == FailoverState::OnHub)
+    });
+    fx.wait_for_census(1);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let sent = notifier.join().unwrap();
+    assert!(sent < 20_000, "the stream ran out before the end");
+    for (_, pump) in &workers {
+        let numbers = numbers_until(pump, sent - 1);
+        assert_eq!(
+            numbers,
+            (0..sent).collect::<Vec<_>>(),
+            "once each, in order"
+        );
+    }
+    assert_eq!(
+        logged(&records, "back on the master hub at its marker"),
+        WORKERS
+    );
+    for (listener, _) in &workers {
+        listener.stop();
+    }
+    new.stop();
+    drop(old);
+    fx.wait_for_census(0);
+}
+
+/// The take-over is refused, and the old hub keeps serving, for a hub on
+/// another database and for a peer that does not answer `replace`.
+#[test]
+fn a_take_over_is_refused_for_another_database_or_a_peer_that_does_not_answer() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let old = fx.hub();
+    fx.wait_for_census(1); // the old hub knows its database once connected
+    let mut other = fx.hub_config();
+    let (base, _) = fx.url.rsplit_once('/').expect("a URL with a database");
+    other.listener =
+        support_pg::listener_config(&format!("{base}/postgres"), &fx.tag, LogSink::silent());
+    let refused = MasterHub::take_over(other).map(|_| ()).unwrap_err();
+    assert!(refused.contains("served by a hub of database"), "{refused}");
+    assert!(old.is_running());
+    drop(old);
+
+    let silent = fx.dir.join("silent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+    let mut config = fx.hub_config();
+    config.socket_path = silent;
+    let refused = MasterHub::take_over(config).map(|_| ()).unwrap_err();
+    assert!(refused.contains("does not answer replace"), "{refused}");
+    fx.wait_for_census(0);
+}

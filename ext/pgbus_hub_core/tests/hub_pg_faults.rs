@@ -47,8 +47,8 @@ fn bad_input_closes_only_that_connection() {
             pgbus_hub_core::protocol::encode_object(&object).unwrap()
         })
         .unwrap();
-    // So is a `marker` request until the hub acts on it (issue 56's
-    // fail-back, not built yet): nothing is NOTIFYed.
+    // A `marker` request (a worker failing back) is committed on the
+    // private channel it names, and the connection kept.
     odd.send(Message::Marker(pgbus_hub_core::protocol::Marker::Commit {
         channel: "pgbus_hub.handover.1.2".into(),
         token: "move.1.2.3".into(),

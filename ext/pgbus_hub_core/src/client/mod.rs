@@ -56,6 +56,7 @@ mod stats;
 mod waiters;
 
 pub use driven::DrivenReader;
+pub(crate) use stats::{await_answer, Unanswered};
 pub use stats::{request_stats, StatsError};
 
 use crate::delivery::{self, Delivery, DeliverySender};

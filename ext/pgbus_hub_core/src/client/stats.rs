@@ -81,30 +81,59 @@ pub fn request_stats(
     socket
         .write_frame(&frame, Some(deadline), cancel)
         .map_err(|_| closed())?;
+    let answer = await_answer(&socket, deadline, cancel, |message| match message {
+        Message::Stats(Some(stats)) => Some(stats),
+        _ => None,
+    });
+    answer.map_err(|unanswered| match unanswered {
+        Unanswered::Closed => closed(),
+        Unanswered::TimedOut => StatsError::NoAnswer {
+            socket_path: socket_path.to_owned(),
+            timeout,
+        },
+        Unanswered::Interrupted => StatsError::Interrupted,
+    })
+}
+
+/// Why [`await_answer`] returned no answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// The peer hung up (or sent what does not decode).
+    Closed,
+    TimedOut,
+    Interrupted,
+}
+
+/// Reads frames from `socket` until `pick` takes one (the others, status
+/// frames say, are skipped), by `deadline` or until `cancel` receives: one
+/// request and its answer on a connection of its own (`stats`, a hub's `replace`).
+pub(crate) fn await_answer<T>(
+    socket: &ClientSocket,
+    deadline: Instant,
+    cancel: &Receiver<()>,
+    mut pick: impl FnMut(Message) -> Option<T>,
+) -> Result<T, Unanswered> {
     let mut decoder = Decoder::default();
     loop {
-        while let Some(message) = decoder.next_message().map_err(|_| closed())? {
-            if let Message::Stats(Some(stats)) = message {
-                return Ok(stats);
+        while let Some(message) = decoder.next_message().map_err(|_| Unanswered::Closed)? {
+            if let Some(answer) = pick(message) {
+                return Ok(answer);
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(StatsError::NoAnswer {
-                socket_path: socket_path.to_owned(),
-                timeout,
-            });
+            return Err(Unanswered::TimedOut);
         }
         if cancel.try_recv().is_ok() {
-            return Err(StatsError::Interrupted);
+            return Err(Unanswered::Interrupted);
         }
         if socket.wait_readable(None, left.min(CANCEL_CHECK)) == Readiness::Readable {
             match socket.read_into(&mut decoder) {
-                Ok(0) => return Err(closed()),
+                Ok(0) => return Err(Unanswered::Closed),
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return Err(closed()),
+                Err(_) => return Err(Unanswered::Closed),
             }
         }
     }

@@ -192,14 +192,21 @@ impl ConnectionOptions {
         if ports.is_empty() {
             ports.push(DEFAULT_PORT.to_string());
         }
-        let user = config.get_user().unwrap_or_default();
         format!(
             "host={} hostaddr={} port={} dbname={}",
             hosts.join(","),
             hostaddrs.join(","),
             ports.join(","),
-            config.get_dbname().unwrap_or(user)
+            self.dbname()
         )
+    }
+
+    /// The database name a connection goes to: `dbname`, or libpq's default, the user name.
+    pub fn dbname(&self) -> &str {
+        let config = &self.config;
+        config
+            .get_dbname()
+            .unwrap_or(config.get_user().unwrap_or_default())
     }
 
     pub fn tls_policy(&self) -> TlsPolicy {

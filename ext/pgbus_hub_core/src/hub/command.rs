@@ -3,6 +3,7 @@
 //! none of them depends on the router.
 
 use super::registry::WorkerId;
+use crate::protocol::Replace;
 use tokio::sync::mpsc;
 
 pub enum Command {
@@ -28,6 +29,11 @@ pub enum Command {
     MoveAnswer {
         worker: WorkerId,
         token: String,
+    },
+    /// A new hub asks to take this one's socket path over, or says it has (`Router::replace`).
+    Replace {
+        worker: WorkerId,
+        replace: Replace,
     },
     /// A worker failing back asks for the cut between its own connection
     /// (`channel`, its private channel) and this hub (`Router::commit_marker`).

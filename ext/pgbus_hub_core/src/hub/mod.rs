@@ -25,6 +25,7 @@ pub mod metrics;
 mod outbox;
 mod pending;
 mod registry;
+mod replace;
 mod router;
 pub mod server;
 mod stale;
@@ -369,6 +370,60 @@ impl MasterHub {
                 metrics,
             }),
         })
+    }
+
+    /// `pgbus-hub serve`: [`MasterHub::start`], except that a hub of ours
+    /// already serving the socket path is replaced (`replace.rs`): this one
+    /// starts at a temporary name beside it, renames its socket onto the
+    /// path and tells the old one, which hands its workers over and yields.
+    /// Refused as `start` would be for anything else serving the path.
+    pub fn take_over(config: HubConfig) -> Result<Self, String> {
+        let path = config.socket_path.clone();
+        if !server::is_served(&path) {
+            return Self::start(config);
+        }
+        let temporary = path.with_file_name(socket_file_name(&std::process::id().to_string()));
+        if temporary == path {
+            return Err(format!(
+                "another process is already serving {}",
+                path.display()
+            ));
+        }
+        let database = config.listener.connection.dbname().to_owned();
+        let log = config.listener.log.clone();
+        let mut hub = Self::start(HubConfig {
+            socket_path: temporary.clone(),
+            ..config
+        })?;
+        let agreed = match replace::ask(&path, &database) {
+            Ok(agreed) => agreed,
+            Err(refused) => {
+                hub.stop();
+                return Err(refused);
+            }
+        };
+        if let Err(e) = std::fs::rename(&temporary, &path) {
+            hub.stop();
+            return Err(format!(
+                "cannot rename {} onto {}: {e}",
+                temporary.display(),
+                path.display()
+            ));
+        }
+        hub.socket_path = path.clone();
+        let pid = agreed.pid;
+        match agreed.hand_over(&path) {
+            Ok(()) => log.info(format!(
+                "took {} over from the hub of pid {pid}: its workers move to their own \
+                 connections at its markers, then fail back here at this hub's",
+                path.display()
+            )),
+            Err(e) => log.warn(format!(
+                "serving {} in place of the hub of pid {pid}, which keeps its workers: {e}",
+                path.display()
+            )),
+        }
+        Ok(hub)
     }
 
     pub fn socket_path(&self) -> &Path {

@@ -17,9 +17,10 @@ use super::supervisor::{EngineSupervisor, FromEngine};
 use super::worker_connection::{WorkerConnection, WorkerId};
 use super::{HubConfig, HubShared};
 use crate::listener::{Cut, Event, ListenError};
-use crate::protocol::{Frame, Marker, Message, Wake};
+use crate::protocol::{Frame, Marker, Message, Replace, Wake};
 use crate::shutdown::Shutdown;
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -44,6 +45,12 @@ pub struct Router {
     /// read on the private channel, each becomes that worker's `marker`
     /// (at most one per worker: a newer request replaces an older one).
     markers: HashMap<String, WorkerId>,
+    /// Where this hub serves: a new hub's `replace` must name it.
+    socket_path: PathBuf,
+    /// The connection of a new hub that asked to replace this one.
+    replacer: Option<WorkerId>,
+    /// A new hub took the socket path over: hand over and end, as a stop does.
+    yielding: bool,
     engine: EngineSupervisor,
     commands: Commands,
 }
@@ -67,6 +74,9 @@ impl Router {
             pending: PendingSubs::default(),
             next_worker: 1,
             markers: HashMap::new(),
+            socket_path: config.socket_path.clone(),
+            replacer: None,
+            yielding: false,
             engine,
             commands,
         };
@@ -103,6 +113,9 @@ impl Router {
                 Some(command) = inputs.commands.recv() => self.on_command(command),
                 _ = ticker.tick() => self.broadcast_status(),
                 () = self.engine.ended() => self.restart_engine(),
+            }
+            if self.yielding {
+                break;
             }
         }
         self.hand_over(&mut inputs, hurry).await;
@@ -158,6 +171,7 @@ impl Router {
             }),
             Command::Unsub { worker, queue } => self.unsubscribe(worker, &queue),
             Command::Stats(worker) => self.send_stats(worker),
+            Command::Replace { worker, replace } => self.replace(worker, replace),
             Command::MarkerCommit {
                 worker,
                 channel,
@@ -381,6 +395,55 @@ impl Router {
                 ));
             }
         });
+    }
+
+    /// A new hub at this socket path (`replace.rs` is its side): asked, this
+    /// one answers who it is and on which database; told the path is the
+    /// new hub's, it hands every worker over as a stop does and ends.
+    fn replace(&mut self, worker: WorkerId, replace: Replace) {
+        let Some(connection) = self.workers.get(&worker).cloned() else {
+            return;
+        };
+        match replace {
+            Replace::Request => {
+                // Not a worker: no move for it, not counted.
+                self.monitors.insert(worker);
+                let database = self
+                    .engine
+                    .stats()
+                    .and_then(|s| s.backend())
+                    .map(|b| b.database);
+                let answer = match database {
+                    _ if self.yielding => Replace::Refused {
+                        reason: "it is being replaced already".into(),
+                    },
+                    Some(database) => {
+                        self.replacer = Some(worker);
+                        Replace::Serving {
+                            pid: std::process::id(),
+                            database,
+                        }
+                    }
+                    None => Replace::Refused {
+                        reason: "its database connection is down: try again once it is up".into(),
+                    },
+                };
+                self.send(&connection, &Message::Replace(answer));
+            }
+            Replace::To(path)
+                if self.replacer == Some(worker) && Path::new(&path) == self.socket_path =>
+            {
+                self.yielding = true;
+                self.shared.log.info(format!(
+                    "{} took {path} over: handing every worker over, then yielding",
+                    connection.label()
+                ));
+            }
+            other => self.shared.log.warn(format!(
+                "{} sent replace {other:?} without asking first, or for another path — ignored",
+                connection.label()
+            )),
+        }
     }
 
     fn remove_worker(&mut self, worker: WorkerId) {

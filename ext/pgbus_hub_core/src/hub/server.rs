@@ -86,6 +86,12 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), String> {
     ))
 }
 
+/// True when a socket at `path` accepts a connection: another hub serves it.
+pub(super) fn is_served(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
+        && super::stale::connect_looking_twice(path).is_ok()
+}
+
 fn set_backlog(listener: &UnixListener) {
     use std::os::fd::AsRawFd;
     // std listens with a backlog of 128; listen(2) again only raises it.

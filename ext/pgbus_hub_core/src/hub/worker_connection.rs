@@ -11,7 +11,7 @@ use super::outbox::{Backpressure, Enqueued, Outbox};
 use super::server::sever;
 use super::HubShared;
 use crate::log::LogSink;
-use crate::protocol::{Frame, Marker, Message, Move};
+use crate::protocol::{Frame, Marker, Message, Move, Replace};
 use crate::sync::lock;
 use crate::transport::connection::{FrameReader, FrameWriter, ReadEnd};
 use std::os::fd::{AsRawFd, RawFd};
@@ -283,15 +283,11 @@ fn command_for(worker: &Arc<WorkerConnection>, log: &LogSink, message: Message) 
             channel,
             token,
         }),
-        // Logged exactly as an unknown frame until the hub acts on it
-        // (issue 56, docs/architecture.md's plan: replace).
-        Message::Replace(_) => {
-            log.warn(format!(
-                "{} sent unknown frame (t={:?}) — ignored",
-                worker.label(),
-                message.kind()
-            ));
-            Next::Ignore
+        Message::Replace(replace @ (Replace::Request | Replace::To(_))) => {
+            Next::Send(Command::Replace {
+                worker: worker.id,
+                replace,
+            })
         }
         Message::Unknown(object) => {
             let kind = object
