@@ -39,4 +39,22 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
     end
     expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
   end
+
+  # Issue 56: the hub as a `pgbus-hub serve` sidecar through its planned events, a deploy's new serve
+  # replacing it and a stop with a new serve 20 s later: the workers move at markers both times.
+  it "in serve mode loses and doubles nothing while connected through hub_restart and hub_stop" do
+    serve_form = SHORT_FORM.merge("PGBUS_SOAK_HUB" => "serve", "PGBUS_SOAK_FAULTS" => "hub_restart,hub_stop",
+                                  "PGBUS_SOAK_MINUTES" => "1.4", "PGBUS_SOAK_INTERVAL" => "40")
+    settings = Soak::Settings.from_env(serve_form.merge(ENV.to_h.select { |key, _| key.start_with?("PGBUS_SOAK_") }))
+    data = Soak::Runner.new(settings).run
+    expect(data[:settings]).to include(hub: "serve")
+    expect(data[:windows].map { |w| w[:fault] }).to eq(settings.faults.cycle.first(settings.fault_count))
+    data[:windows].each do |window|
+      hub = window[:apps].fetch("pgbus_hub")
+      expect(hub[:census][:settle_s]).not_to be_nil, "census not back to 1 after #{window[:fault]}: #{hub[:census]}"
+      expect(hub[:lost_connected].values.sum).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
+      expect(hub[:duplicates]).to be_empty
+    end
+    expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
+  end
 end

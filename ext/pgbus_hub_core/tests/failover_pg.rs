@@ -828,9 +828,12 @@ fn a_take_over_is_refused_for_another_database_or_a_peer_that_does_not_answer() 
     let old = fx.hub();
     fx.wait_for_census(1); // the old hub knows its database once connected
     let mut other = fx.hub_config();
-    let (base, _) = fx.url.rsplit_once('/').expect("a URL with a database");
-    other.listener =
-        support_pg::listener_config(&format!("{base}/postgres"), &fx.tag, LogSink::silent());
+    // The same server, database `postgres`: a URL's path, or a later keyword (libpq's last one wins).
+    let elsewhere = match fx.url.rsplit_once('/') {
+        Some((base, _)) if fx.url.contains("://") => format!("{base}/postgres"),
+        _ => format!("{} dbname=postgres", fx.url),
+    };
+    other.listener = support_pg::listener_config(&elsewhere, &fx.tag, LogSink::silent());
     let refused = MasterHub::take_over(other).map(|_| ()).unwrap_err();
     assert!(refused.contains("served by a hub of database"), "{refused}");
     assert!(old.is_running());

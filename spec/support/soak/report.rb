@@ -199,7 +199,8 @@ module Soak
     def self.print(data, out)
       adapters = data[:totals].keys
       out.puts "", "=== soak: #{data[:windows].size} faults, #{data[:duration_s]} s, #{data[:settings][:rate]} msg/s, " \
-               "#{data[:settings][:clients]} WebSocket (+ #{data[:settings][:clients]} streaming HTTP on pgbus_hub) clients per app ==="
+               "#{data[:settings][:clients]} WebSocket (+ #{data[:settings][:clients]} streaming HTTP on pgbus_hub) clients per app, " \
+               "hub: #{data[:settings][:hub] == 'serve' ? 'pgbus-hub serve (a sidecar)' : 'in the Puma master'} ==="
       data[:windows].each_with_index do |w, i|
         out.puts "", format("%-2d %-16s at +%.1f s (%s)", i + 1, w[:fault], w[:at], JSON.generate(w[:detail]))
         cells = adapters.to_h { |a| [a, cell(w[:apps][a])] }

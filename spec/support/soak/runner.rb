@@ -5,6 +5,7 @@ require "securerandom"
 require "pgbus/hub"
 require_relative "../private_cluster"
 require_relative "../puma_apps/harness"
+require_relative "../serve_process"
 require_relative "proxy"
 require_relative "clients"
 require_relative "report"
@@ -12,7 +13,12 @@ require_relative "publisher"
 
 module Soak
   FAULTS = %w[terminate_listen kill9 pg_restart sigstop usr2 terminate_all blackhole].freeze
+  # Planned events of a sidecar hub (SOAK_HUB=serve): a new `pgbus-hub serve` replaces the running
+  # one, as a deploy does; the hub stopped (TERM), a new one started HUB_DOWN_SECONDS later.
+  SERVE_FAULTS = %w[hub_restart hub_stop].freeze
+  HUBS = %w[puma serve].freeze
   RACKUP = File.expand_path("app/config.ru", __dir__)
+  HUB_DOWN_SECONDS = 20
   SIGSTOP_SECONDS = 15
   BLACK_HOLE_SECONDS = 10
   SAMPLE_SECONDS = 0.1
@@ -23,15 +29,22 @@ module Soak
 
   # Settings, from PGBUS_SOAK_* (rake soak maps MINUTES and SOAK_* onto them:
   # only PGBUS_* variables pass into the chroot).
-  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, :logs, keyword_init: true) do
+  # hub: where the app's hub runs, "puma" (the plugin starts it in the master) or "serve" (a
+  # `pgbus-hub serve` sidecar the master attaches to).
+  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, :logs, :hub,
+                        keyword_init: true) do
     def self.from_env(env = ENV)
+      hub = env.fetch("PGBUS_SOAK_HUB", "puma")
+      raise ArgumentError, "unknown hub mode #{hub} (known: #{HUBS.join(', ')})" unless HUBS.include?(hub)
+
+      known = hub == "serve" ? FAULTS + SERVE_FAULTS : FAULTS
       faults = env.fetch("PGBUS_SOAK_FAULTS", "").split(",").map(&:strip).reject(&:empty?)
-      faults = FAULTS if faults.empty?
-      unknown = faults - FAULTS
-      raise ArgumentError, "unknown fault(s) #{unknown.join(', ')} (known: #{FAULTS.join(', ')})" unless unknown.empty?
+      faults = known if faults.empty?
+      unknown = faults - known
+      raise ArgumentError, "unknown fault(s) #{unknown.join(', ')} with hub #{hub} (known: #{known.join(', ')})" unless unknown.empty?
 
       new(minutes: Float(env.fetch("PGBUS_SOAK_MINUTES", "15")), interval: Float(env.fetch("PGBUS_SOAK_INTERVAL", "60")),
-          faults: faults, rate: Float(env.fetch("PGBUS_SOAK_RATE", "20")),
+          faults: faults, rate: Float(env.fetch("PGBUS_SOAK_RATE", "20")), hub: hub,
           clients: Integer(env.fetch("PGBUS_SOAK_CLIENTS", "16")), control: env.fetch("PGBUS_SOAK_CONTROL", "1") != "0",
           report: env["PGBUS_SOAK_REPORT"], logs: env["PGBUS_SOAK_LOGS"])
     end
@@ -44,21 +57,51 @@ module Soak
   class App
     attr_reader :adapter, :db, :proxy, :puma, :cable_room, :stream_channel, :clients
 
-    # cluster: the PumaCluster class to run (rake stops runs its own config); env: more variables for Puma.
-    def initialize(adapter, pg, tag, cluster: PumaCluster, env: {})
+    # cluster: the PumaCluster class to run (rake stops runs its own config); env: more variables for Puma;
+    # hub: "serve" runs the hub app's hub as a `pgbus-hub serve` sidecar (start_sidecar, before Puma).
+    def initialize(adapter, pg, tag, cluster: PumaCluster, env: {}, hub: "puma")
       @adapter = adapter
       @db = "soak_#{adapter}"
       @cable_room = "soak_#{tag}_cable"
       @stream_channel = "soak_#{tag}_stream"
       @proxy = Proxy.new("127.0.0.1", pg.port)
-      url = "postgres://root@127.0.0.1:#{@proxy.port}/#{@db}"
-      env = { "PGBUS_E2E_RACKUP" => RACKUP, "SOAK_CABLE_ADAPTER" => adapter, "DATABASE_URL" => url,
-              "PGBUS_E2E_DATABASE_URL" => url, "RAILS_ENV" => "production", "RAILS_LOG_TO_STDOUT" => "1", **env }
+      @url = "postgres://root@127.0.0.1:#{@proxy.port}/#{@db}"
+      @sidecar_socket = File.join(Dir.mktmpdir("soak-hub"), "hub.sock") if hub? && hub == "serve"
+      env = { "PGBUS_E2E_RACKUP" => RACKUP, "SOAK_CABLE_ADAPTER" => adapter, "DATABASE_URL" => @url,
+              "PGBUS_E2E_DATABASE_URL" => @url, "RAILS_ENV" => "production", "RAILS_LOG_TO_STDOUT" => "1", **env }
+      env["PGBUS_STREAMS_HUB_SOCKET"] = @sidecar_socket if @sidecar_socket
       @puma = cluster.new(mode: :standalone, plugins: hub? ? "pgbus_hub" : "", env: env)
       @clients = []
     end
 
     def hub? = @adapter == "pgbus_hub"
+    def sidecar? = !@sidecar_socket.nil?
+    def start_sidecar = (@sidecar = ServeProcess.new(@url, socket: @sidecar_socket) if sidecar?)
+
+    # hub_restart: a new serve takes the socket over; the old one yields and exits by itself.
+    def restart_sidecar
+      older = @sidecar
+      @sidecar = ServeProcess.new(@url, socket: @sidecar_socket)
+      { older_exit: older.exited(timeout: 20)&.exitstatus }
+    ensure
+      older&.stop
+      older&.cleanup
+    end
+
+    # hub_stop: TERM, the hub down for HUB_DOWN_SECONDS, a new serve.
+    def stop_sidecar_for(seconds)
+      status = @sidecar.stop("TERM")
+      @sidecar.cleanup
+      sleep seconds
+      @sidecar = ServeProcess.new(@url, socket: @sidecar_socket)
+      { stop_exit: status&.exitstatus, down_s: seconds }
+    end
+
+    def stop_sidecar
+      @sidecar&.stop
+      @sidecar&.cleanup
+      FileUtils.rm_rf(File.dirname(@sidecar_socket)) if @sidecar_socket
+    end
 
     def listen_backend?(application_name)
       hub? ? application_name == "pgbus-listen" : application_name.start_with?("ActionCable-PID-")
@@ -81,7 +124,7 @@ module Soak
     def hub_stats
       return nil unless hub?
 
-      Pgbus::Hub.stats(socket_path: @puma.socket_path, timeout: 1.0) || @puma.hub_info&.fetch("stats", nil)
+      Pgbus::Hub.stats(socket_path: @sidecar_socket || @puma.socket_path, timeout: 1.0) || @puma.hub_info&.fetch("stats", nil)
     rescue StandardError
       @puma.hub_info&.fetch("stats", nil)
     end
@@ -124,12 +167,13 @@ module Soak
       @pg = PrivateCluster.new(tcp: true, max_connections: 150)
       @pg.start
       adapters = @settings.control ? %w[pgbus_hub postgresql] : %w[pgbus_hub]
-      @apps = adapters.map { |adapter| App.new(adapter, @pg, "#{@tag}_#{adapter}") }
+      @apps = adapters.map { |adapter| App.new(adapter, @pg, "#{@tag}_#{adapter}", hub: @settings.hub) }
       admin = @pg.connect
       @apps.each { |app| admin.exec("create database #{app.db}") }
       admin.close
       log "private cluster PostgreSQL #{PrivateCluster.release} on 127.0.0.1:#{@pg.port}; apps: " \
-          "#{@apps.map { |a| "#{a.adapter} (proxy :#{a.proxy.port})" }.join(', ')}"
+          "#{@apps.map { |a| "#{a.adapter} (proxy :#{a.proxy.port})" }.join(', ')}; hub: #{@settings.hub}"
+      @apps.each(&:start_sidecar)
       @apps.each { |app| app.puma.start(wait: false) }
       @apps.each { |app| app.puma.wait_for("puma #{app.adapter} to serve /pid", timeout: 60) { app.puma.get("/pid") } }
       @apps.each { |app| app.puma.wait_for("4 workers of #{app.adapter}", timeout: 60) { app.puma.worker_pids.size == 4 } }
@@ -215,6 +259,10 @@ module Soak
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         @pg.restart("fast")
         { restart_seconds: (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).round(2) }
+      when "hub_restart"
+        @apps.select(&:sidecar?).to_h { |app| [app.adapter, app.restart_sidecar] }
+      when "hub_stop"
+        @apps.select(&:sidecar?).to_h { |app| [app.adapter, app.stop_sidecar_for(HUB_DOWN_SECONDS)] }
       when "blackhole"
         @apps.each { |app| app.proxy.black_hole! }
         sleep BLACK_HOLE_SECONDS
@@ -289,6 +337,7 @@ module Soak
       (@apps || []).each do |app|
         app.clients.each(&:stop)
         app.puma.stop if app.puma.pid
+        app.stop_sidecar
         keep_log(app)
         app.puma.cleanup
         app.proxy.close
