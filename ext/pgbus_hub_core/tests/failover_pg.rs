@@ -519,75 +519,62 @@ fn numbers_until(pump: &Pump, last: u32) -> Vec<u32> {
     numbers
 }
 
-/// Issue 56 item 1: a planned stop under a steady stream. Each worker's own
-/// connection LISTENs and commits the hub's cut in one transaction; the hub
-/// delivers up to the marker, the own connection from it: every number once,
-/// in order, and no catch-up wake.
-#[test]
-fn a_stopped_hub_hands_every_worker_over_at_its_marker_nothing_lost_or_twice() {
-    const WORKERS: usize = 3;
-    let Some(mut fx) = Fixture::new() else { return };
-    let mut hub = fx.hub();
-    let queue = fx.queue("moves");
-    let (log, records) = LogSink::channel();
-    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
+/// Workers for the planned-event tests: `n` FailoverListeners on `hub`, each
+/// subscribed to `queue`, logging to `log`.
+fn workers_on(
+    fx: &Fixture,
+    hub: &MasterHub,
+    queue: &str,
+    n: usize,
+    log: &LogSink,
+) -> Vec<(FailoverListener, Pump)> {
+    (0..n)
         .map(|_| {
-            let (listener, pump) = fx.failover(Some(&hub), log.clone());
-            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
+            let (listener, pump) = fx.failover(Some(hub), log.clone());
+            assert_eq!(listener.ensure_listening(queue), Listened::Done);
             (listener, pump)
         })
-        .collect();
-    fx.wait_for_census(1);
+        .collect()
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let notifier = {
-        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
+/// A second session NOTIFYing numbered payloads on `queue` every 3 ms until `finish`.
+struct Stream {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<u32>,
+}
+
+impl Stream {
+    fn start(fx: &Fixture, queue: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (url, queue, stopping) = (fx.url.clone(), queue.to_owned(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
             let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
             let mut sent = 0u32;
-            // Bounded: far more than the few seconds this runs.
-            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
+            // Bounded: far more than the few seconds a test runs.
+            while sent < 20_000 && !stopping.load(Ordering::SeqCst) {
                 support_pg::notify(&mut sql, &queue, &sent.to_string());
                 sent += 1;
                 std::thread::sleep(Duration::from_millis(3));
             }
             sent
-        })
-    };
-    std::thread::sleep(Duration::from_secs(1));
-    hub.stop();
-    let stats = hub.stats();
-    assert_eq!(
-        (stats.moved_workers, stats.unmoved_workers),
-        (WORKERS as u64, 0)
-    );
-    for (listener, _) in &workers {
-        assert!(listener.failed_over());
+        });
+        Self { stop, thread }
     }
-    fx.wait_for_census(WORKERS as i64); // each worker's own connection, the hub's closed
-    std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::SeqCst);
-    let sent = notifier.join().unwrap();
-    assert!(sent < 20_000, "the stream ran out before the end");
-    for (_, pump) in &workers {
-        let numbers = numbers_until(pump, sent - 1);
-        assert_eq!(
-            numbers,
-            (0..sent).collect::<Vec<_>>(),
-            "once each, in order"
-        );
+
+    /// Stops it; every worker got every number once, in order, and no catch-up wake.
+    fn finish_and_check(self, workers: &[(FailoverListener, Pump)]) {
+        self.stop.store(true, Ordering::SeqCst);
+        let sent = self.thread.join().unwrap();
+        assert!(sent < 20_000, "the stream ran out before the end");
+        for (_, pump) in workers {
+            let numbers = numbers_until(pump, sent - 1);
+            assert_eq!(
+                numbers,
+                (0..sent).collect::<Vec<_>>(),
+                "once each, in order"
+            );
+        }
     }
-    assert_eq!(
-        logged(
-            &records,
-            "moved to a per-worker listener at the hub's marker"
-        ),
-        WORKERS
-    );
-    for (listener, _) in &workers {
-        listener.stop();
-    }
-    fx.wait_for_census(0);
 }
 
 /// A peer that does not answer `move` (pgbus's Ruby client, an older
@@ -652,32 +639,20 @@ fn a_stopped_hub_and_its_successor_lose_nothing_and_double_nothing_under_a_strea
     let mut hub = fx.hub();
     let queue = fx.queue("restart");
     let (log, records) = LogSink::channel();
-    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
-        .map(|_| {
-            let (listener, pump) = fx.failover(Some(&hub), log.clone());
-            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
-            (listener, pump)
-        })
-        .collect();
+    let workers = workers_on(&fx, &hub, &queue, WORKERS, &log);
     fx.wait_for_census(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let notifier = {
-        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-            let mut sent = 0u32;
-            // Bounded: far more than the few seconds this runs.
-            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
-                support_pg::notify(&mut sql, &queue, &sent.to_string());
-                sent += 1;
-                std::thread::sleep(Duration::from_millis(3));
-            }
-            sent
-        })
-    };
+    let stream = Stream::start(&fx, &queue);
     std::thread::sleep(Duration::from_millis(500));
     hub.stop();
-    fx.wait_for_census(WORKERS as i64);
+    let stats = hub.stats();
+    assert_eq!(
+        (stats.moved_workers, stats.unmoved_workers),
+        (WORKERS as u64, 0)
+    );
+    for (listener, _) in &workers {
+        assert!(listener.failed_over());
+    }
+    fx.wait_for_census(WORKERS as i64); // each worker's own connection, the hub's closed
     std::thread::sleep(Duration::from_millis(500));
     let mut successor = fx.hub();
     support_wait::wait_until("every worker back on the hub", || {
@@ -687,21 +662,18 @@ fn a_stopped_hub_and_its_successor_lose_nothing_and_double_nothing_under_a_strea
     });
     fx.wait_for_census(1);
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::SeqCst);
-    let sent = notifier.join().unwrap();
-    assert!(sent < 20_000, "the stream ran out before the end");
-    for (_, pump) in &workers {
-        let numbers = numbers_until(pump, sent - 1);
+    stream.finish_and_check(&workers);
+    let lines: Vec<String> = records.try_iter().map(|r| r.message).collect();
+    for said in [
+        "moved to a per-worker listener at the hub's marker",
+        "back on the master hub at its marker",
+    ] {
         assert_eq!(
-            numbers,
-            (0..sent).collect::<Vec<_>>(),
-            "once each, in order"
+            lines.iter().filter(|l| l.contains(said)).count(),
+            WORKERS,
+            "{said}"
         );
     }
-    assert_eq!(
-        logged(&records, "back on the master hub at its marker"),
-        WORKERS
-    );
     assert_eq!(successor.stats().workers, WORKERS);
     for (listener, _) in &workers {
         listener.stop();
@@ -761,29 +733,9 @@ fn a_new_hub_takes_the_path_over_and_the_old_one_yields_nothing_lost_or_twice() 
     let old = fx.hub();
     let queue = fx.queue("replace");
     let (log, records) = LogSink::channel();
-    let workers: Vec<(FailoverListener, Pump)> = (0..WORKERS)
-        .map(|_| {
-            let (listener, pump) = fx.failover(Some(&old), log.clone());
-            assert_eq!(listener.ensure_listening(&queue), Listened::Done);
-            (listener, pump)
-        })
-        .collect();
+    let workers = workers_on(&fx, &old, &queue, WORKERS, &log);
     fx.wait_for_census(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let notifier = {
-        let (url, queue, stop) = (fx.url.clone(), queue.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-            let mut sent = 0u32;
-            // Bounded: far more than the few seconds this runs.
-            while sent < 20_000 && !stop.load(Ordering::SeqCst) {
-                support_pg::notify(&mut sql, &queue, &sent.to_string());
-                sent += 1;
-                std::thread::sleep(Duration::from_millis(3));
-            }
-            sent
-        })
-    };
+    let stream = Stream::start(&fx, &queue);
     std::thread::sleep(Duration::from_millis(500));
     let mut new = MasterHub::take_over(fx.hub_config()).expect("the take-over");
     assert_eq!(new.socket_path(), old.socket_path());
@@ -797,17 +749,7 @@ fn a_new_hub_takes_the_path_over_and_the_old_one_yields_nothing_lost_or_twice() 
     });
     fx.wait_for_census(1);
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::SeqCst);
-    let sent = notifier.join().unwrap();
-    assert!(sent < 20_000, "the stream ran out before the end");
-    for (_, pump) in &workers {
-        let numbers = numbers_until(pump, sent - 1);
-        assert_eq!(
-            numbers,
-            (0..sent).collect::<Vec<_>>(),
-            "once each, in order"
-        );
-    }
+    stream.finish_and_check(&workers);
     assert_eq!(
         logged(&records, "back on the master hub at its marker"),
         WORKERS
@@ -826,7 +768,6 @@ fn a_new_hub_takes_the_path_over_and_the_old_one_yields_nothing_lost_or_twice() 
 fn a_take_over_is_refused_for_another_database_or_a_peer_that_does_not_answer() {
     let Some(mut fx) = Fixture::new() else { return };
     let old = fx.hub();
-    fx.wait_for_census(1); // the old hub knows its database once connected
     let mut other = fx.hub_config();
     // The same server, database `postgres`: a URL's path, or a later keyword (libpq's last one wins).
     let elsewhere = match fx.url.rsplit_once('/') {

@@ -23,14 +23,36 @@ use std::time::{Duration, Instant};
 /// logs the frame as unknown never does.
 const REPLACE_ANSWER: Duration = Duration::from_secs(2);
 
+/// An old hub's refusal while its LISTEN connection is down: it cannot tell
+/// its database yet, so the new one asks again ([`REPLACE_WAIT`]).
+pub(super) const DATABASE_DOWN: &str = "its database connection is down";
+
+/// How long a new hub asks again while the old one's connection is down (a
+/// Puma master whose hub is still connecting as the sidecar starts).
+const REPLACE_WAIT: Duration = Duration::from_secs(10);
+const ASK_AGAIN: Duration = Duration::from_millis(250);
+
 /// The hub at a socket path agreed to be replaced.
 pub struct Agreed {
     socket: ClientSocket,
     pub pid: u32,
 }
 
-/// Asks the hub at `socket_path` whether a hub LISTENing on `database` may replace it.
+/// Asks the hub at `socket_path` whether a hub LISTENing on `database` may
+/// replace it, again while its database connection is down (at most [`REPLACE_WAIT`]).
 pub fn ask(socket_path: &Path, database: &str) -> Result<Agreed, String> {
+    let deadline = Instant::now() + REPLACE_WAIT;
+    loop {
+        match ask_once(socket_path, database) {
+            Err(refused) if refused.ends_with(DATABASE_DOWN) && Instant::now() < deadline => {
+                std::thread::sleep(ASK_AGAIN);
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+fn ask_once(socket_path: &Path, database: &str) -> Result<Agreed, String> {
     let path = socket_path.display();
     let never = crossbeam_channel::never();
     let socket = ClientSocket::connect(socket_path, &never).map_err(|e| match e {

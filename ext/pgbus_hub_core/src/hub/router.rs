@@ -425,7 +425,7 @@ impl Router {
                         }
                     }
                     None => Replace::Refused {
-                        reason: "its database connection is down: try again once it is up".into(),
+                        reason: super::replace::DATABASE_DOWN.into(),
                     },
                 };
                 self.send(&connection, &Message::Replace(answer));
