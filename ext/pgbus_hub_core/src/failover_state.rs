@@ -12,16 +12,18 @@ use std::fmt;
 pub enum FailoverState {
     /// The master hub serves every subscription.
     OnHub,
-    /// The hub failed (or was not there at start): the worker's own LISTEN
-    /// connection is being started and every subscription replayed on it;
-    /// the hub's client still answers until the swap.
+    /// The hub failed (or was not there at start), or the hub asked it to
+    /// move (a planned stop): the worker's own LISTEN connection is being
+    /// started and every subscription replayed on it; the hub still delivers
+    /// until the swap (a move's: until the hub's marker).
     FailingOver,
-    /// The worker's own LISTEN connection serves, after the hub failed; a
-    /// thread probes the hub's socket to come back.
+    /// The worker's own LISTEN connection serves, after the hub failed or
+    /// stopped; a thread probes the hub's socket to come back.
     FailedOver,
     /// A hub answers again: a new hub client subscribes every subscription
     /// while the own connection still serves (any refusal: back to
-    /// `failed_over`; all acked: `on_hub`).
+    /// `failed_over`), and once all are acked the own connection delivers
+    /// until the cut's marker (then `on_hub`).
     FailingBack,
     /// No hub to try (`Pgbus::Hub::Listener`): the own connection serves.
     Standalone,
