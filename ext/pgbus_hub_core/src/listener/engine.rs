@@ -21,6 +21,7 @@ use crate::shutdown::Shutdown;
 mod connect;
 mod handover;
 mod live;
+mod standby;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
 /// well under a millisecond even under load, so 2 s never flaps on a slow
@@ -107,6 +108,11 @@ pub(super) struct Engine<F> {
     stop_at: Option<String>,
     /// That marker was delivered: nothing more is.
     stopped_at_cut: bool,
+    /// The standby connection (off unless [`super::spawn_standby`]).
+    standby: standby::Standby,
+    /// Where the serving connection and the standby stand relative to the
+    /// standby's alignment marker.
+    alignment: standby::Alignment,
 }
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
@@ -139,7 +145,15 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             start_cut: None,
             stop_at: None,
             stopped_at_cut: false,
+            standby: standby::Standby::new(false),
+            alignment: standby::Alignment::new(),
         }
+    }
+
+    /// With a standby connection (docs/architecture.md, "Standby").
+    pub(super) fn with_standby(mut self, enabled: bool) -> Self {
+        self.standby = standby::Standby::new(enabled);
+        self
     }
 
     /// The set and the cut of the first transaction (see [`Start`]).
@@ -183,10 +197,20 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self
     }
 
-    /// Publishes where the connection stands (`stats.state()`), logging a change.
+    /// Publishes where the connection stands (`stats.state()`, the
+    /// connections that LISTEN, the standby's alignment), logging a change.
     fn publish_state(&self) {
         let state = ListenerState::of(self.healthy, self.ever_connected, self.handover.keeping());
         self.publish(state);
+        let standby = self.standby.is_up();
+        let connections = [self.healthy, self.handover.keeping(), standby];
+        self.stats.listen_connections.store(
+            connections.iter().filter(|up| **up).count(),
+            Ordering::Relaxed,
+        );
+        self.stats
+            .standby_aligned
+            .store(standby && self.alignment.aligned(), Ordering::Relaxed);
     }
 
     /// Stopped is final: this engine's stats say so from then on.
@@ -202,8 +226,27 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 
     pub(super) async fn run(mut self) {
-        while let Some(mut session) = self.connect_phase().await {
-            match self.serve(&mut session).await {
+        let mut next = self.connect_phase().await;
+        while let Some(mut session) = next.take() {
+            let exit = self.serve(&mut session).await;
+            // The serving connection is lost with the standby aligned: the
+            // standby serves from where it stopped (nothing lost, no reconnect).
+            let reason = match &exit {
+                Exit::Stop => None,
+                Exit::Lost(reason) | Exit::GaveUp(reason) => Some(reason.clone()),
+            };
+            if let Some(reason) = reason.filter(|_| self.alignment.aligned()) {
+                if let Some(promoted) = self.promote(session, &reason).await {
+                    next = Some(promoted);
+                    continue;
+                }
+                self.lost(&reason);
+                self.close_standby().await;
+                next = self.connect_phase().await;
+                continue;
+            }
+            self.close_standby().await;
+            match exit {
                 Exit::Stop => {
                     let unlisten = session.client.batch_execute("UNLISTEN *");
                     let _ = tokio::time::timeout(STOP_UNLISTEN_TIMEOUT, unlisten).await;
@@ -230,6 +273,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     self.handover.keep(session, own_marker);
                 }
             }
+            next = self.connect_phase().await;
         }
         self.close_kept().await;
         self.shutdown();
@@ -308,7 +352,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     fn admit(&mut self, queue: &str, reply: Reply) -> Option<(String, Reply)> {
         match self.config.channel_for(queue) {
             Ok(channel) => {
-                self.channels.insert(channel.clone(), Arc::from(queue));
+                if self
+                    .channels
+                    .insert(channel.clone(), Arc::from(queue))
+                    .is_none()
+                {
+                    self.set_changed();
+                }
                 self.stats
                     .channels
                     .store(self.channels.len(), Ordering::Relaxed);
@@ -327,11 +377,20 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
+    /// The listen set changed: the standby's first transaction LISTENed
+    /// another set, so it no longer counts what the serving connection
+    /// counts. It is not aligned from now on, and is replaced.
+    fn set_changed(&mut self) {
+        self.alignment.reset();
+        self.standby.set_changed();
+    }
+
     /// Drop `queue` from the set; answers its pending listens. Returns the
     /// channel if it was LISTENed on the live connection.
     fn forget(&mut self, queue: &str) -> Option<String> {
         let channel = self.config.channel_for(queue).ok()?;
         self.channels.remove(&channel)?;
+        self.set_changed();
         self.stats
             .channels
             .store(self.channels.len(), Ordering::Relaxed);
@@ -353,13 +412,18 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // Commands first: they come at a bounded rate (workers' subs),
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
+            self.tend_standby().await;
             self.publish_state(); // a handover may have ended
             let mut shutdown = self.shutdown.clone();
             let budget = self.handover.deadline();
+            // A promoted connection still dropping what the lost one
+            // delivered counts entries as that one did: the set must not
+            // change until it is past (a few entries: its lag).
+            let catching_up = self.alignment.catching_up();
             tokio::select! {
                 biased;
                 () = shutdown.wait() => return Exit::Stop,
-                command = self.commands.recv() => {
+                command = self.commands.recv(), if !catching_up => {
                     let exit = match command {
                         None => Some(Exit::Stop),
                         Some(command) => self.live_command(session, command).await,
@@ -392,7 +456,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
                 message = session.messages.recv() => match message {
                     Some(ServerMessage::Notification(notification)) => {
-                        if let Some(exit) = self.on_new(session, notification.channel(), notification.payload()).await {
+                        if let Some(exit) = self.on_serving(session, notification.channel(), notification.payload()).await {
                             return exit;
                         }
                         tick.reset();
@@ -400,6 +464,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     Some(ServerMessage::Lost(reason)) => return Exit::Lost(reason),
                     None => return Exit::Lost("the connection driver ended".into()),
                 },
+                // After the serving connection: it moves the position the
+                // standby's held entries are dropped up to.
+                next = self.standby.next() => {
+                    if let Some(exit) = self.on_standby(next).await {
+                        return exit;
+                    }
+                }
                 _ = tick.tick() => {
                     match op(self.shutdown.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
                         Ok(()) => {}
@@ -409,6 +480,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                             return exit_for(&error, reason);
                         }
                     }
+                    self.probe_standby().await;
                 }
             }
         }

@@ -128,6 +128,17 @@ impl Handover {
         cut.notify_sql(&self.quoted_channel)
     }
 
+    /// The private channel as the SQL names it.
+    pub(super) fn quoted_channel(&self) -> &str {
+        &self.quoted_channel
+    }
+
+    /// No given-up connection is read, and the serving connection has read
+    /// back its own marker: its stream is the one a standby aligns with.
+    pub(super) fn settled(&self) -> bool {
+        self.kept.is_none() && self.awaiting_own.is_none()
+    }
+
     /// Whether a given-up connection is still read.
     pub(super) fn keeping(&self) -> bool {
         self.kept.is_some()
