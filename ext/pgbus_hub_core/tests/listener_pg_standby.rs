@@ -201,7 +201,7 @@ async fn the_serving_connection_terminated_the_standby_serves_from_where_it_stop
     let admin = admin(&options).await;
     let (name, channel) = (tag(), tag());
     let (engine, seen) = collected(&options, &name, true);
-    // Subscribed after the start: the standby is replaced by one LISTENing the new set.
+    // Subscribed after the start: the standby (connecting, or up) LISTENs it too.
     engine.listen(&channel).await.expect("LISTEN");
     wait_aligned(&engine).await;
     assert_eq!(
@@ -272,6 +272,52 @@ async fn the_standby_terminated_a_new_one_aligns_and_then_covers_the_serving_con
     wait_more(&seen, STEADY).await;
 
     terminate(&admin, &name, serving).await;
+    support_wait::wait_until_async("the standby promoted", || {
+        engine.stats.standby_promotions() == 1
+    })
+    .await;
+    wait_more(&seen, STEADY).await;
+    assert_every_number_once_in_order(notifier, &seen).await;
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn subscriptions_while_the_standby_is_up_realign_it_in_place() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected(&options, &name, true);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let standby = standby_pid(&admin, &name, &engine)
+        .await
+        .expect("a standby");
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    // A new channel, then one withdrawn: the ack comes after both connections'
+    // LISTENs ran, and the same standby aligns again at its new marker
+    // (the last listen is answered after the UNLISTEN before it, in order).
+    let (other, withdrawn) = (tag(), tag());
+    engine.listen(&other).await.expect("LISTEN");
+    engine.listen(&withdrawn).await.expect("LISTEN");
+    engine.handle.unlisten(&withdrawn);
+    engine
+        .listen(&channel)
+        .await
+        .expect("answered at once: already LISTENed");
+    engine.listen(&tag()).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    assert_eq!(
+        standby_pid(&admin, &name, &engine).await,
+        Some(standby),
+        "realigned in place, not replaced"
+    );
+    wait_more(&seen, STEADY).await;
+
+    terminate(&admin, &name, engine.stats.backend_pid().unwrap()).await;
     support_wait::wait_until_async("the standby promoted", || {
         engine.stats.standby_promotions() == 1
     })

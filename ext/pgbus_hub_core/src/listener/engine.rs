@@ -383,6 +383,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     fn set_changed(&mut self) {
         self.alignment.reset();
         self.standby.set_changed();
+        // At once, not at the loop's next publish: whoever sees a listen's
+        // ack sees that the standby is to align again.
+        self.stats.standby_aligned.store(false, Ordering::Relaxed);
     }
 
     /// Drop `queue` from the set; answers its pending listens. Returns the

@@ -157,8 +157,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         .await
         {
             Ok(()) => {
-                for (channel, reply) in batch {
-                    self.live.insert(channel);
+                for (channel, _) in &batch {
+                    self.live.insert(channel.clone());
+                }
+                // The ack after both connections' LISTENs ran.
+                self.realign_standby().await;
+                for (_, reply) in batch {
                     reply.send(Ok(()));
                 }
                 None
@@ -216,7 +220,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         )
         .await
         {
-            Ok(()) => None,
+            Ok(()) => {
+                self.realign_standby().await;
+                None
+            }
             Err(OpError::Stopped) => Some(Exit::Stop),
             // The channel is out of the set either way (a NOTIFY on it is ignored).
             Err(OpError::Pg(error)) if refused_by_server(&error, session) => {

@@ -291,8 +291,12 @@ pub(super) struct Standby {
     enabled: bool,
     slot: Slot,
     backoff_step: u32,
-    /// The listen set changed since this standby's first transaction: it is
-    /// replaced, and the new one LISTENs the new set (see [`Engine::tend_standby`]).
+    /// The channels the standby LISTENs (or its connect's first transaction will).
+    listened: Vec<String>,
+    /// The listen set changed while the standby was connecting: its first
+    /// transaction LISTENed another set, so it is replaced (see
+    /// [`Engine::tend_standby`]). One that is up is realigned in place instead
+    /// ([`Engine::realign_standby`]).
     stale: bool,
 }
 
@@ -302,6 +306,7 @@ impl Standby {
             enabled,
             slot: Slot::Down,
             backoff_step: 0,
+            listened: Vec::new(),
             stale: false,
         }
     }
@@ -311,7 +316,7 @@ impl Standby {
     }
 
     pub(super) fn set_changed(&mut self) {
-        if !matches!(self.slot, Slot::Down) {
+        if matches!(self.slot, Slot::Connecting(_)) {
             self.stale = true;
         }
     }
@@ -488,11 +493,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
         if self.standby.stale {
             self.config.log.debug(
-                "pgbus-hub listener: the listen set changed — the standby is replaced by one \
-                 LISTENing the new set",
+                "pgbus-hub listener: the listen set changed while the standby connected — it is \
+                 replaced by one LISTENing the new set",
             );
             self.close_standby().await;
         }
+        self.realign_standby().await;
         if !matches!(self.standby.slot, Slot::Down)
             || !self.handover.settled()
             || !self.alignment.idle()
@@ -502,6 +508,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let step = self.standby.backoff_step;
         self.standby.backoff_step = step.saturating_add(1);
         let token = self.alignment.begin();
+        self.standby.listened = self.channels.keys().cloned().collect();
         let queries = self.standby_queries(&token);
         let connecting = connect(
             self.config.connection.clone(),
@@ -531,6 +538,53 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             ));
         }
         queries
+    }
+
+    /// A standby that is up LISTENs what the set gained and UNLISTENs what
+    /// it lost since, with a new alignment marker, in one transaction:
+    /// called after the serving connection's LISTENs ran (so both LISTEN a
+    /// new channel from that marker on) and before their acks. Not aligned
+    /// until the serving connection reads the marker (the set changed: the
+    /// two counted different entries before it). One that fails or does not
+    /// answer is replaced.
+    pub(super) async fn realign_standby(&mut self) {
+        let Slot::Up(up) = &self.standby.slot else {
+            return;
+        };
+        // Unchanged and aligning: nothing to do. Unchanged and not aligning
+        // (a listen refused: admitted, then forgotten): a marker alone.
+        if self.standby.listened.iter().eq(self.channels.keys()) && !self.alignment.idle() {
+            return;
+        }
+        let added: Vec<String> = self
+            .channels
+            .keys()
+            .filter(|channel| self.standby.listened.binary_search(channel).is_err())
+            .cloned()
+            .collect();
+        let removed: Vec<String> = self
+            .standby
+            .listened
+            .iter()
+            .filter(|channel| !self.channels.contains_key(*channel))
+            .cloned()
+            .collect();
+        let token = self.alignment.begin();
+        let sql = format!(
+            "BEGIN;{}{}NOTIFY {}, '{token}';COMMIT",
+            listen_sql("LISTEN", &added),
+            listen_sql("UNLISTEN", &removed),
+            self.handover.quoted_channel()
+        );
+        let realign = up.0.client.batch_execute(&sql);
+        let deadline = self.live_op_timeout();
+        match super::op(self.shutdown.clone(), realign, deadline).await {
+            Ok(()) => self.standby.listened = self.channels.keys().cloned().collect(),
+            Err(error) => {
+                let why = format!("realigning it failed: {}", op_reason(&error));
+                self.standby_gone(&why).await;
+            }
+        }
     }
 
     /// The standby's health check, on the serving connection's tick: one
