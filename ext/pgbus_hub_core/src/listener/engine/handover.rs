@@ -33,7 +33,7 @@ use crate::listener::{is_cut_token, Cut, Event};
 /// notifications are held back when the old backend is gone for good but
 /// its socket is not (a dead host, no RST): then they come 10 s late
 /// instead of never.
-const BUDGET_CYCLES: u32 = 40;
+pub(super) const BUDGET_CYCLES: u32 = 40;
 
 /// The most payload bytes held from the new connection while the old one
 /// has not shown the marker. Past it the old one is given up (its backlog

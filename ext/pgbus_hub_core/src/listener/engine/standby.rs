@@ -293,6 +293,9 @@ pub(super) struct Standby {
     backoff_step: u32,
     /// The channels the standby LISTENs (or its connect's first transaction will).
     listened: Vec<String>,
+    /// When the standby's current alignment marker was committed, until the
+    /// serving connection reads it (see [`Engine::probe_standby`]).
+    aligning_since: Option<tokio::time::Instant>,
     /// The listen set changed while the standby was connecting: its first
     /// transaction LISTENed another set, so it is replaced (see
     /// [`Engine::tend_standby`]). One that is up is realigned in place instead
@@ -307,6 +310,7 @@ impl Standby {
             slot: Slot::Down,
             backoff_step: 0,
             listened: Vec::new(),
+            aligning_since: None,
             stale: false,
         }
     }
@@ -444,6 +448,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     backend.pid
                 ));
                 self.standby.backoff_step = 0;
+                self.standby.aligning_since = Some(tokio::time::Instant::now());
                 self.standby.slot = Slot::Up(Box::new((session, backend)));
             }
             Err(reason) => {
@@ -579,7 +584,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let realign = up.0.client.batch_execute(&sql);
         let deadline = self.live_op_timeout();
         match super::op(self.shutdown.clone(), realign, deadline).await {
-            Ok(()) => self.standby.listened = self.channels.keys().cloned().collect(),
+            Ok(()) => {
+                self.standby.listened = self.channels.keys().cloned().collect();
+                self.standby.aligning_since = Some(tokio::time::Instant::now());
+            }
             Err(error) => {
                 let why = format!("realigning it failed: {}", op_reason(&error));
                 self.standby_gone(&why).await;
@@ -588,11 +596,29 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 
     /// The standby's health check, on the serving connection's tick: one
-    /// that fails or gets no answer is replaced.
+    /// that fails or gets no answer is replaced, and so is one whose marker
+    /// the serving connection has not read within the handover's budget
+    /// (40 cycles): on a multi-host conninfo the two may have reached
+    /// different servers, whose queues are others, and they never align.
     pub(super) async fn probe_standby(&mut self) {
         let Slot::Up(up) = &self.standby.slot else {
             return;
         };
+        let budget = self
+            .config
+            .health_check
+            .saturating_mul(super::handover::BUDGET_CYCLES);
+        if self.alignment.aligned() {
+            self.standby.aligning_since = None;
+        } else if self
+            .standby
+            .aligning_since
+            .is_some_and(|since| since.elapsed() > budget)
+        {
+            let why = format!("the serving connection did not read its marker within {budget:?}");
+            self.standby_gone(&why).await;
+            return;
+        }
         let probe = up.0.client.batch_execute("SELECT 1");
         let outcome = super::op(self.shutdown.clone(), probe, super::PROBE_TIMEOUT).await;
         if let Err(error) = outcome {
