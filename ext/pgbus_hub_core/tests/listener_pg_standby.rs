@@ -20,7 +20,7 @@ use pgbus_hub_core::listener::Start;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-/// Pause between two NOTIFYs: ~500 a second, a stream where the re-LISTEN
+/// Pause between two NOTIFYs: ~300 a second with the round trip, a stream where the re-LISTEN
 /// gap of a single connection loses numbers.
 const NOTIFY_PAUSE: Duration = Duration::from_millis(2);
 
