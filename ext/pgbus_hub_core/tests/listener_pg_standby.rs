@@ -376,6 +376,59 @@ async fn both_backends_terminated_at_once_reconnect_as_today_and_a_new_standby_a
     engine.stop().await;
 }
 
+/// Both connections' paths frozen (a NAT entry lost for every open flow;
+/// new connections pass): the serving connection is given up and the
+/// standby promoted, frozen too; it is given up in turn and the next
+/// connection comes up through the path. Not exact (the first fault's
+/// promotion is, the second is today's give-up), but never twice and
+/// never out of order, whether the promoted connection is kept for a
+/// handover or, still dropping what the lost one delivered, closed.
+#[tokio::test]
+async fn both_paths_frozen_a_promotion_then_a_give_up_deliver_nothing_twice() {
+    let Some(_) = options().await else {
+        return;
+    };
+    let proxy = support_pg::FreezableProxy::start(&database_url());
+    let via_proxy = ConnectionOptions::parse(&proxy.url).unwrap();
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected(&via_proxy, &name, true);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    proxy.freeze_existing();
+    support_wait::wait_until_async(
+        "the frozen serving connection given up, the standby promoted",
+        || engine.stats.standby_promotions() == 1,
+    )
+    .await;
+    support_wait::wait_until_async(
+        "the frozen promoted connection given up, a new one up",
+        || engine.stats.reconnects() == 1 && engine.stats.healthy(),
+    )
+    .await;
+    proxy.thaw();
+    wait_aligned(&engine).await;
+    wait_more(&seen, STEADY).await;
+
+    let sent = notifier.stop();
+    support_wait::wait_until_async("the last number", || {
+        seen.lock().unwrap().numbers.last() == Some(&(sent - 1))
+    })
+    .await;
+    let numbers = seen.lock().unwrap().numbers.clone();
+    eprintln!(
+        "both paths frozen: sent {sent}, delivered {}, handovers {}, abandoned {}",
+        numbers.len(),
+        engine.stats.handovers(),
+        engine.stats.abandoned_connections()
+    );
+    let out_of_order = numbers.windows(2).filter(|pair| pair[0] >= pair[1]).count();
+    assert_eq!(out_of_order, 0, "nothing twice, in order");
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn the_census_is_one_connection_without_a_standby_and_two_with_it() {
     let Some(options) = options().await else {

@@ -228,7 +228,14 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     pub(super) async fn run(mut self) {
         let mut next = self.connect_phase().await;
         while let Some(mut session) = next.take() {
-            let exit = self.serve(&mut session).await;
+            let exit = match self.serve(&mut session).await {
+                // A promoted connection still dropping what the lost one
+                // delivered is not kept for a handover: the kept connection's
+                // path does not drop, and would deliver those twice. Closed:
+                // not exact (a second fault in a row), never twice.
+                Exit::GaveUp(reason) if self.alignment.catching_up() => Exit::Lost(reason),
+                exit => exit,
+            };
             // The serving connection is lost with the standby aligned: the
             // standby serves from where it stopped (nothing lost, no reconnect).
             let reason = match &exit {
