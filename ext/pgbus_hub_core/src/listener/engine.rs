@@ -418,6 +418,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let period = self.config.health_check.max(Duration::from_millis(1));
         let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The standby's own: the serving connection's stream resets the
+        // serving tick, and says nothing of the standby's path.
+        let mut standby_tick = tokio::time::interval_at(Instant::now() + period, period);
+        standby_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             // Commands first: they come at a bounded rate (workers' subs),
             // while NOTIFYs can arrive without pause and must not starve acks.
@@ -430,6 +434,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // delivered counts entries as that one did: the set must not
             // change until it is past (a few entries: its lag).
             let catching_up = self.alignment.catching_up();
+            let standby_up = self.standby.is_up();
             tokio::select! {
                 biased;
                 () = shutdown.wait() => return Exit::Stop,
@@ -480,6 +485,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     if let Some(exit) = self.on_standby(next).await {
                         return exit;
                     }
+                    standby_tick.reset();
                 }
                 _ = tick.tick() => {
                     match op(self.shutdown.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
@@ -490,8 +496,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                             return exit_for(&error, reason);
                         }
                     }
-                    self.probe_standby().await;
                 }
+                _ = standby_tick.tick(), if standby_up => self.probe_standby().await,
             }
         }
     }

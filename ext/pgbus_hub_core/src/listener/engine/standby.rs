@@ -504,6 +504,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             self.close_standby().await;
         }
         self.realign_standby().await;
+        self.standby_alignment_budget().await;
         if !matches!(self.standby.slot, Slot::Down)
             || !self.handover.settled()
             || !self.alignment.idle()
@@ -522,6 +523,32 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             queries,
         );
         self.standby.slot = Slot::Connecting(Box::pin(connecting));
+    }
+
+    /// A standby whose marker the serving connection has not read within
+    /// the handover's budget (40 cycles) is replaced: on a multi-host
+    /// conninfo the two may have reached different servers, whose queues are
+    /// others, and they never align. Looked at on every turn of the loop.
+    async fn standby_alignment_budget(&mut self) {
+        if !self.standby.is_up() {
+            return;
+        }
+        if self.alignment.aligned() {
+            self.standby.aligning_since = None;
+            return;
+        }
+        let budget = self
+            .config
+            .health_check
+            .saturating_mul(super::handover::BUDGET_CYCLES);
+        if self
+            .standby
+            .aligning_since
+            .is_some_and(|since| since.elapsed() > budget)
+        {
+            let why = format!("the serving connection did not read its marker within {budget:?}");
+            self.standby_gone(&why).await;
+        }
     }
 
     /// The standby's first transaction: the whole set, the private channel
@@ -595,30 +622,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    /// The standby's health check, on the serving connection's tick: one
-    /// that fails or gets no answer is replaced, and so is one whose marker
-    /// the serving connection has not read within the handover's budget
-    /// (40 cycles): on a multi-host conninfo the two may have reached
-    /// different servers, whose queues are others, and they never align.
+    /// The standby's health check, on its own tick (reset by what it
+    /// reads): one that fails or gets no answer is replaced.
     pub(super) async fn probe_standby(&mut self) {
         let Slot::Up(up) = &self.standby.slot else {
             return;
         };
-        let budget = self
-            .config
-            .health_check
-            .saturating_mul(super::handover::BUDGET_CYCLES);
-        if self.alignment.aligned() {
-            self.standby.aligning_since = None;
-        } else if self
-            .standby
-            .aligning_since
-            .is_some_and(|since| since.elapsed() > budget)
-        {
-            let why = format!("the serving connection did not read its marker within {budget:?}");
-            self.standby_gone(&why).await;
-            return;
-        }
         let probe = up.0.client.batch_execute("SELECT 1");
         let outcome = super::op(self.shutdown.clone(), probe, super::PROBE_TIMEOUT).await;
         if let Err(error) = outcome {
