@@ -384,9 +384,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    /// The listen set changed: the standby's first transaction LISTENed
-    /// another set, so it no longer counts what the serving connection
-    /// counts. It is not aligned from now on, and is replaced.
+    /// The listen set changed: the standby LISTENs another set, and the two
+    /// connections may count differently from now on. Not aligned until it
+    /// is realigned ([`Self::realign_standby`]; one still connecting is replaced).
     fn set_changed(&mut self) {
         self.alignment.reset();
         self.standby.set_changed();

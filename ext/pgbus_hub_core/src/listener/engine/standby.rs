@@ -315,6 +315,10 @@ impl Standby {
         }
     }
 
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     pub(super) fn is_up(&self) -> bool {
         matches!(self.slot, Slot::Up(..))
     }
@@ -386,8 +390,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    /// A notification on the serving connection: dropped if the alignment
-    /// says so, else handled as without a standby; its position moves on
+    /// A notification on the serving connection (without the option
+    /// `standby`, handled as before it): dropped if the alignment says so,
+    /// else handled as without a standby; its position moves on
     /// once it was handled (a large payload not read is the standby's to
     /// deliver after a promotion).
     pub(super) async fn on_serving(
@@ -396,6 +401,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         channel: &str,
         payload: &str,
     ) -> Option<Exit> {
+        if !self.standby.enabled() {
+            return self.on_new(session, channel, payload).await;
+        }
         let kind = self.kind(channel, payload);
         if self.alignment.serving_drops(kind) {
             return None;
