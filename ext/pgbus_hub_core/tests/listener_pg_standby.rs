@@ -15,6 +15,7 @@ mod support_pg;
 mod support_wait;
 
 include!("support_listener_pg/engine.rs");
+include!("support_listener_pg/flow_proxy.rs");
 
 use pgbus_hub_core::listener::Start;
 use std::sync::atomic::AtomicBool;
@@ -73,10 +74,16 @@ impl Notifier {
 /// An engine (with a standby or not) on bare channel names whose connections
 /// carry `name` as application_name; what it hands on is collected.
 fn collected(options: &ConnectionOptions, name: &str, standby: bool) -> (Engine, Shared) {
-    let mut config = ListenerConfig::new(
-        options.clone().with_application_name(name),
-        LogSink::silent(),
-    );
+    collected_logged(options, name, standby, LogSink::silent())
+}
+
+fn collected_logged(
+    options: &ConnectionOptions,
+    name: &str,
+    standby: bool,
+    log: LogSink,
+) -> (Engine, Shared) {
+    let mut config = ListenerConfig::new(options.clone().with_application_name(name), log);
     config.channel_prefix = String::new();
     config.channel_suffix = String::new();
     let seen: Shared = Arc::default();
@@ -427,6 +434,59 @@ async fn both_paths_frozen_a_promotion_then_a_give_up_deliver_nothing_twice() {
     let out_of_order = numbers.windows(2).filter(|pair| pair[0] >= pair[1]).count();
     assert_eq!(out_of_order, 0, "nothing twice, in order");
     engine.stop().await;
+}
+
+/// Only the serving connection's path frozen: the standby reads on and
+/// holds what the serving connection cannot read; the serving connection is
+/// given up (its health check) and the standby delivers what it held, then
+/// its stream: every number once, in order, and some of them from what was held.
+#[tokio::test]
+async fn the_serving_path_frozen_the_standby_delivers_what_it_held_ahead() {
+    let Some(_) = options().await else {
+        return;
+    };
+    let proxy = FlowProxy::start(&database_url());
+    let via_proxy = ConnectionOptions::parse(&proxy.url).unwrap();
+    let (log, records) = LogSink::channel();
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected_logged(&via_proxy, &name, true, log);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    // The serving connection was the proxy's first: the standby connects
+    // once it serves.
+    proxy.set(0, true);
+    support_wait::wait_until_async(
+        "the frozen serving connection given up, the standby promoted",
+        || engine.stats.standby_promotions() == 1,
+    )
+    .await;
+    wait_more(&seen, STEADY).await;
+    assert_every_number_once_in_order(notifier, &seen).await;
+    assert_eq!(engine.stats.reconnects(), 0);
+    engine.stop().await;
+    proxy.set(0, false);
+
+    let promotion = records
+        .try_iter()
+        .find(|record| record.message.contains("serves from where it stopped"))
+        .expect("the promotion logged");
+    let held: usize = promotion
+        .message
+        .split(" notifications it held delivered")
+        .next()
+        .and_then(|before| before.rsplit('(').next())
+        .and_then(|count| count.parse().ok())
+        .expect("the held count in the promotion's log line");
+    eprintln!(
+        "serving path frozen: the standby delivered {held} held notifications at its promotion"
+    );
+    assert!(
+        held > 0,
+        "the standby held what the frozen connection did not read: {promotion:?}"
+    );
 }
 
 #[tokio::test]
