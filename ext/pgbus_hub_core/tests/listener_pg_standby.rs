@@ -384,14 +384,16 @@ async fn both_backends_terminated_at_once_reconnect_as_today_and_a_new_standby_a
 }
 
 /// Both connections' paths frozen (a NAT entry lost for every open flow;
-/// new connections pass): the serving connection is given up and the
-/// standby promoted, frozen too; it is given up in turn and the next
-/// connection comes up through the path. Not exact (the first fault's
-/// promotion is, the second is today's give-up), but never twice and
-/// never out of order, whether the promoted connection is kept for a
-/// handover or, still dropping what the lost one delivered, closed.
+/// new connections pass). Either the serving connection is given up first
+/// and the standby promoted, frozen too, and given up in turn; or the
+/// standby's probe gives it up first, and the serving connection is given
+/// up with no standby aligned. Both end in a give-up and the next
+/// connection up through the path: not exact (a double fault), but never
+/// twice and never out of order, whether the given-up connection is kept
+/// for a handover or (a promoted one still dropping what the lost one
+/// delivered) closed.
 #[tokio::test]
-async fn both_paths_frozen_a_promotion_then_a_give_up_deliver_nothing_twice() {
+async fn both_paths_frozen_deliver_nothing_twice() {
     let Some(_) = options().await else {
         return;
     };
@@ -406,12 +408,7 @@ async fn both_paths_frozen_a_promotion_then_a_give_up_deliver_nothing_twice() {
 
     proxy.freeze_existing();
     support_wait::wait_until_async(
-        "the frozen serving connection given up, the standby promoted",
-        || engine.stats.standby_promotions() == 1,
-    )
-    .await;
-    support_wait::wait_until_async(
-        "the frozen promoted connection given up, a new one up",
+        "a frozen connection given up, a new one up through the path",
         || engine.stats.reconnects() == 1 && engine.stats.healthy(),
     )
     .await;
@@ -426,8 +423,9 @@ async fn both_paths_frozen_a_promotion_then_a_give_up_deliver_nothing_twice() {
     .await;
     let numbers = seen.lock().unwrap().numbers.clone();
     eprintln!(
-        "both paths frozen: sent {sent}, delivered {}, handovers {}, abandoned {}",
+        "both paths frozen: sent {sent}, delivered {}, promotions {}, handovers {}, abandoned {}",
         numbers.len(),
+        engine.stats.standby_promotions(),
         engine.stats.handovers(),
         engine.stats.abandoned_connections()
     );
@@ -487,6 +485,49 @@ async fn the_serving_path_frozen_the_standby_delivers_what_it_held_ahead() {
         held > 0,
         "the standby held what the frozen connection did not read: {promotion:?}"
     );
+}
+
+/// Only the standby's path frozen while the stream flows: its own probe
+/// gives it up (the serving connection's stream says nothing of it), a new
+/// one aligns, and the serving connection's loss after that is exact.
+#[tokio::test]
+async fn the_standby_path_frozen_its_probe_replaces_it() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let proxy = FlowProxy::start(&database_url());
+    let via_proxy = ConnectionOptions::parse(&proxy.url).unwrap();
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected(&via_proxy, &name, true);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    // The standby is the proxy's latest flow (the serving connection, its
+    // first, came before every standby).
+    let standby_flow = proxy.flows() - 1;
+    assert!(standby_flow > 0);
+    proxy.set(standby_flow, true);
+    support_wait::wait_until_async("a new standby through the proxy", || {
+        proxy.flows() > standby_flow + 1
+    })
+    .await;
+    wait_aligned(&engine).await;
+    wait_more(&seen, STEADY).await;
+    assert_eq!(engine.stats.standby_promotions(), 0);
+
+    terminate(&admin, &name, engine.stats.backend_pid().unwrap()).await;
+    support_wait::wait_until_async("the standby promoted", || {
+        engine.stats.standby_promotions() == 1
+    })
+    .await;
+    wait_more(&seen, STEADY).await;
+    assert_every_number_once_in_order(notifier, &seen).await;
+    assert_eq!(engine.stats.reconnects(), 0);
+    engine.stop().await;
+    proxy.set(standby_flow, false);
 }
 
 #[tokio::test]

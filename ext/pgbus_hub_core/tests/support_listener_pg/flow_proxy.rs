@@ -46,6 +46,11 @@ impl FlowProxy {
         Self { url, flows }
     }
 
+    /// Connections accepted so far.
+    fn flows(&self) -> usize {
+        self.flows.lock().unwrap().len()
+    }
+
     fn set(&self, index: usize, frozen: bool) {
         self.flows.lock().unwrap()[index].store(frozen, Ordering::SeqCst);
     }
