@@ -530,6 +530,64 @@ async fn the_standby_path_frozen_its_probe_replaces_it() {
     proxy.set(standby_flow, false);
 }
 
+/// The serving connection terminated right after a subscription's ack,
+/// before it can have read the marker of that change: the standby stayed
+/// aligned through the change, so the promotion is exact, for the stream
+/// and for what was NOTIFYed on the new channel after its ack.
+#[tokio::test]
+async fn the_serving_connection_lost_right_after_a_set_change_is_covered() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected(&options, &name, true);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    // Numbers on the new channels from 1_000_000 on, apart from the stream's.
+    let mut next_extra = 1_000_000u32;
+    let mut withdrawn: Option<String> = None;
+    for promotion in 1..=3 {
+        let added = tag();
+        engine.listen(&added).await.expect("LISTEN");
+        if let Some(old) = withdrawn.take() {
+            engine.handle.unlisten(&old);
+        }
+        // Committed after the ack: owed.
+        notify(&admin, &added, &next_extra.to_string()).await;
+        next_extra += 1;
+        terminate(&admin, &name, engine.stats.backend_pid().unwrap()).await;
+        notify(&admin, &added, &next_extra.to_string()).await;
+        next_extra += 1;
+        support_wait::wait_until_async("the standby promoted", || {
+            engine.stats.standby_promotions() == promotion
+        })
+        .await;
+        wait_aligned(&engine).await;
+        wait_more(&seen, STEADY).await;
+        withdrawn = Some(added);
+    }
+    let extra: Vec<u32> = seen
+        .lock()
+        .unwrap()
+        .numbers
+        .iter()
+        .copied()
+        .filter(|number| *number >= 1_000_000)
+        .collect();
+    assert_eq!(extra, (1_000_000..next_extra).collect::<Vec<u32>>());
+    seen.lock()
+        .unwrap()
+        .numbers
+        .retain(|number| *number < 1_000_000);
+    assert_every_number_once_in_order(notifier, &seen).await;
+    assert_eq!(engine.stats.reconnects(), 0);
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn the_census_is_one_connection_without_a_standby_and_two_with_it() {
     let Some(options) = options().await else {

@@ -18,6 +18,7 @@ use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
 
+mod alignment;
 mod connect;
 mod handover;
 mod live;
@@ -111,8 +112,12 @@ pub(super) struct Engine<F> {
     /// The standby connection (off unless [`super::spawn_standby`]).
     standby: standby::Standby,
     /// Where the serving connection and the standby stand relative to the
-    /// standby's alignment marker.
-    alignment: standby::Alignment,
+    /// standby's alignment markers.
+    alignment: alignment::Alignment,
+    /// Channels out of the set the serving connection still LISTENs: their
+    /// UNLISTEN waits for the marker that removes them from both
+    /// connections' counted sets (docs/architecture.md, "Standby").
+    deferred: std::collections::BTreeSet<String>,
 }
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
@@ -146,7 +151,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             stop_at: None,
             stopped_at_cut: false,
             standby: standby::Standby::new(false),
-            alignment: standby::Alignment::new(),
+            alignment: alignment::Alignment::new(),
+            deferred: std::collections::BTreeSet::new(),
         }
     }
 
@@ -306,6 +312,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self.stats.set_last_error(reason);
         self.stats.set_backend(None);
         self.live.clear();
+        self.deferred.clear();
         self.config.log.warn(format!(
             "pgbus-hub listener lost its PostgreSQL connection ({reason}) — reconnecting"
         ));
@@ -384,15 +391,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
-    /// The listen set changed: the standby LISTENs another set, and the two
-    /// connections may count differently from now on. Not aligned until it
-    /// is realigned ([`Self::realign_standby`]; one still connecting is replaced).
+    /// The listen set changed: a standby still connecting LISTENs another
+    /// set, and is replaced; one that is up is realigned
+    /// ([`Self::realign_standby`]) and stays aligned.
     fn set_changed(&mut self) {
-        self.alignment.reset();
         self.standby.set_changed();
-        // At once, not at the loop's next publish: whoever sees a listen's
-        // ack sees that the standby is to align again.
-        self.stats.standby_aligned.store(false, Ordering::Relaxed);
     }
 
     /// Drop `queue` from the set; answers its pending listens. Returns the
@@ -427,6 +430,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
             self.tend_standby().await;
+            if let Some(exit) = self.flush_deferred(session).await {
+                return exit;
+            }
             self.publish_state(); // a handover may have ended
             let mut shutdown = self.shutdown.clone();
             let budget = self.handover.deadline();

@@ -211,6 +211,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
     async fn unlisten_live(&mut self, session: &Connected, queue: &str) -> Option<Exit> {
         let channel = self.forget(queue)?;
+        if self.defers_unlisten() {
+            // Run when this connection reads the marker of the change.
+            self.deferred.insert(channel);
+            self.realign_standby().await;
+            return None;
+        }
         let sql = listen_sql("UNLISTEN", &[channel]);
         let deadline = self.live_op_timeout();
         match op(

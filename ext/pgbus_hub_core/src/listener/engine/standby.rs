@@ -6,269 +6,20 @@
 //! of the serving connection, and when the serving connection is lost it
 //! delivers from exactly where that one stopped.
 //!
-//! [`Alignment`] is the bookkeeping (pure: positions, what is held, what
+//! `alignment.rs` is the bookkeeping (pure: positions, what is held, what
 //! is dropped); [`Standby`] is the connection (connect with its own
 //! backoff, its first transaction, its messages).
 
-use std::collections::hash_map::RandomState;
-use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::time::Duration;
 
+use super::alignment::{is_alignment_token, Kind, Serving, Standby as Read, HELD_BYTES_LIMIT};
 use super::connect::{check_primary, listen_all};
 use super::{listen_sql, op_reason, Engine, Exit, CLOSE_GRACE, LISTEN_BATCH};
 use crate::conninfo::{Connected, ConnectionOptions, ServerMessage};
 use crate::listener::{Backend, Event};
 use crate::shutdown::Shutdown;
-
-/// An alignment marker's token starts so: neither a handover's tokens
-/// (`<pid>.<random>.<n>`) nor a cut's (`move.`) do.
-const TOKEN_PREFIX: &str = "standby.";
-
-/// The most payload bytes the standby holds ahead of the serving
-/// connection (the handover's bound). Past it the serving connection lags
-/// for a reason of its own (a stalled path, a full socket): it is given up
-/// and the standby promoted, which is exact.
-pub(super) const HELD_BYTES_LIMIT: usize = 32 << 20;
-
-pub(super) fn is_alignment_token(payload: &str) -> bool {
-    payload.starts_with(TOKEN_PREFIX)
-}
-
-/// What an entry read on either connection is, for the alignment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind<'a> {
-    /// An alignment marker (ours or a stale one): never delivered.
-    Marker(&'a str),
-    /// On a channel of the set, or a cut's marker: both connections count it.
-    Counted,
-    /// Anything else (a channel out of the set, a handover marker): not counted.
-    Other,
-}
-
-/// What the standby does with an entry it read.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Held {
-    /// Dropped, or held: nothing to do now.
-    Taken,
-    /// Held past [`HELD_BYTES_LIMIT`]: give the serving connection up.
-    Overflow,
-}
-
-#[derive(Debug)]
-enum Phase {
-    /// No standby aligning or aligned (a stale alignment marker is dropped).
-    Idle,
-    /// A standby committed `token`. `serving`/`standby`: Some(n) once that
-    /// connection read the marker, n the counted entries it read since.
-    Aligning {
-        token: String,
-        serving: Option<u64>,
-        standby: Option<u64>,
-        /// Counted entries the standby read that the serving connection has
-        /// not, in order, with their index after the marker.
-        held: VecDeque<(u64, String, String)>,
-        held_bytes: usize,
-    },
-    /// The standby serves now and drops what it reads up to where the lost
-    /// connection stopped: `token`, then `through` counted entries.
-    Promoted {
-        token: String,
-        read: Option<u64>,
-        through: u64,
-    },
-}
-
-/// Where the two connections stand relative to the standby's alignment marker.
-#[derive(Debug)]
-pub(super) struct Alignment {
-    random: u64,
-    counter: u64,
-    phase: Phase,
-}
-
-impl Alignment {
-    pub(super) fn new() -> Self {
-        Self {
-            random: RandomState::new().build_hasher().finish(),
-            counter: 0,
-            phase: Phase::Idle,
-        }
-    }
-
-    /// A new standby's marker token (unique per standby connection): the
-    /// alignment starts over from it.
-    pub(super) fn begin(&mut self) -> String {
-        self.counter += 1;
-        let token = format!(
-            "{TOKEN_PREFIX}{}.{:016x}.{}",
-            std::process::id(),
-            self.random,
-            self.counter
-        );
-        self.phase = Phase::Aligning {
-            token: token.clone(),
-            serving: None,
-            standby: None,
-            held: VecDeque::new(),
-            held_bytes: 0,
-        };
-        token
-    }
-
-    /// The standby is gone (or was never aligned): nothing to align.
-    pub(super) fn reset(&mut self) {
-        self.phase = Phase::Idle;
-    }
-
-    /// The serving connection read the standby's marker: a loss from now
-    /// on is covered.
-    pub(super) fn aligned(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::Aligning {
-                serving: Some(_),
-                ..
-            }
-        )
-    }
-
-    /// Neither aligning nor catching up: a new standby may align (while a
-    /// promoted connection catches up, its marker would be another reference).
-    pub(super) fn idle(&self) -> bool {
-        matches!(self.phase, Phase::Idle)
-    }
-
-    /// A promoted connection is still dropping what the lost one delivered.
-    pub(super) fn catching_up(&self) -> bool {
-        matches!(self.phase, Phase::Promoted { .. })
-    }
-
-    /// An entry the serving connection read, before it is delivered: true
-    /// if it is dropped (an alignment marker; after a promotion, what the
-    /// lost connection delivered).
-    pub(super) fn serving_drops(&mut self, kind: Kind<'_>) -> bool {
-        match (&mut self.phase, kind) {
-            (_, Kind::Other) => false,
-            (Phase::Idle, Kind::Marker(_)) => true,
-            (Phase::Idle, Kind::Counted) => false,
-            (Phase::Aligning { token, serving, .. }, Kind::Marker(read)) => {
-                if token == read {
-                    *serving = Some(0);
-                }
-                true
-            }
-            (Phase::Aligning { .. }, Kind::Counted) => false,
-            (Phase::Promoted { token, read, .. }, Kind::Marker(marker)) => {
-                if token == marker {
-                    *read = Some(0);
-                }
-                true
-            }
-            (Phase::Promoted { read, through, .. }, Kind::Counted) => match read {
-                None => true,
-                Some(index) => {
-                    *index += 1;
-                    if *index <= *through {
-                        return true;
-                    }
-                    // Past where the lost connection stopped: delivering again.
-                    self.phase = Phase::Idle;
-                    false
-                }
-            },
-        }
-    }
-
-    /// The serving connection delivered a counted entry (its position moves
-    /// on; what the standby held up to it is dropped).
-    pub(super) fn serving_delivered(&mut self) {
-        if let Phase::Aligning {
-            serving: Some(position),
-            held,
-            held_bytes,
-            ..
-        } = &mut self.phase
-        {
-            *position += 1;
-            while held.front().is_some_and(|(index, ..)| index <= position) {
-                if let Some((_, channel, payload)) = held.pop_front() {
-                    *held_bytes -= channel.len() + payload.len();
-                }
-            }
-        }
-    }
-
-    /// An entry the standby read (it delivers nothing): dropped before its
-    /// marker and up to the serving connection's position, held after it.
-    pub(super) fn standby_read(&mut self, kind: Kind<'_>, channel: &str, payload: &str) -> Held {
-        let Phase::Aligning {
-            token,
-            serving,
-            standby,
-            held,
-            held_bytes,
-        } = &mut self.phase
-        else {
-            return Held::Taken;
-        };
-        match (kind, standby.as_mut()) {
-            (Kind::Marker(read), _) => {
-                if token == read {
-                    *standby = Some(0);
-                }
-            }
-            (Kind::Counted, Some(index)) => {
-                *index += 1;
-                if serving.is_some_and(|position| *index <= position) {
-                    return Held::Taken;
-                }
-                *held_bytes += channel.len() + payload.len();
-                held.push_back((*index, channel.to_owned(), payload.to_owned()));
-                if *held_bytes > HELD_BYTES_LIMIT {
-                    return Held::Overflow;
-                }
-            }
-            // Before its marker: the serving connection's to deliver.
-            (Kind::Counted | Kind::Other, _) => {}
-        }
-        Held::Taken
-    }
-
-    /// The serving connection is lost: the standby serves. Returns what it
-    /// held (all after the lost connection's position, in order), or None
-    /// when not aligned (the lost backend alone had what lay between).
-    pub(super) fn promote(&mut self) -> Option<Vec<(String, String)>> {
-        if !self.aligned() {
-            return None;
-        }
-        let Phase::Aligning {
-            token,
-            serving: Some(through),
-            standby,
-            held,
-            ..
-        } = std::mem::replace(&mut self.phase, Phase::Idle)
-        else {
-            return None;
-        };
-        let past = standby.is_some_and(|index| index >= through);
-        if !past {
-            self.phase = Phase::Promoted {
-                token,
-                read: standby,
-                through,
-            };
-        }
-        Some(
-            held.into_iter()
-                .map(|(_, channel, payload)| (channel, payload))
-                .collect(),
-        )
-    }
-}
 
 type Connecting = Pin<Box<dyn Future<Output = Result<(Connected, Backend), String>> + Send>>;
 
@@ -377,16 +128,13 @@ async fn connect(
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// What an entry is for the alignment (see [`Kind`]).
-    pub(super) fn kind<'a>(&self, channel: &str, payload: &'a str) -> Kind<'a> {
+    pub(super) fn kind<'a>(&self, channel: &'a str, payload: &'a str) -> Kind<'a> {
         let private = channel == self.handover.channel();
         if private && is_alignment_token(payload) {
             Kind::Marker(payload)
-        } else if self.channels.contains_key(channel)
-            || (private && crate::listener::is_cut_token(payload))
-        {
-            Kind::Counted
         } else {
-            Kind::Other
+            let cut = private && crate::listener::is_cut_token(payload);
+            Kind::Entry { channel, cut }
         }
     }
 
@@ -405,14 +153,85 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             return self.on_new(session, channel, payload).await;
         }
         let kind = self.kind(channel, payload);
-        if self.alignment.serving_drops(kind) {
+        match self.alignment.serving_read(kind) {
+            Serving::Drop(unlisten) => self.unlisten_at_marker(session, unlisten).await,
+            Serving::Deliver { counted } => {
+                let exit = self.on_new(session, channel, payload).await;
+                if exit.is_none() && counted {
+                    self.alignment.serving_delivered();
+                }
+                exit
+            }
+        }
+    }
+
+    /// The serving connection read a marker at which the set lost
+    /// `channels`: UNLISTEN now those not subscribed again since (deferred
+    /// to here: see [`crate::listener::engine::alignment::Unlisten`]).
+    async fn unlisten_at_marker(
+        &mut self,
+        session: &Connected,
+        channels: Vec<String>,
+    ) -> Option<Exit> {
+        let mut unlisten = Vec::new();
+        for channel in channels {
+            self.deferred.remove(&channel);
+            if !self.channels.contains_key(&channel) {
+                unlisten.push(channel);
+            }
+        }
+        self.unlisten_now(session, &unlisten).await
+    }
+
+    /// UNLISTEN `channels` on the serving connection.
+    pub(super) async fn unlisten_now(
+        &mut self,
+        session: &Connected,
+        channels: &[String],
+    ) -> Option<Exit> {
+        if channels.is_empty() {
             return None;
         }
-        let exit = self.on_new(session, channel, payload).await;
-        if exit.is_none() && kind == Kind::Counted {
-            self.alignment.serving_delivered();
+        let sql = listen_sql("UNLISTEN", channels);
+        let deadline = self.live_op_timeout();
+        match super::op(
+            self.shutdown.clone(),
+            session.client.batch_execute(&sql),
+            deadline,
+        )
+        .await
+        {
+            Ok(()) => None,
+            Err(super::OpError::Stopped) => Some(Exit::Stop),
+            Err(error) => {
+                let reason = format!(
+                    "UNLISTEN failed: {} (deadline {deadline:?})",
+                    op_reason(&error)
+                );
+                Some(super::exit_for(&error, reason))
+            }
         }
-        exit
+    }
+
+    /// UNLISTENs deferred to markers that will not be read as such any more
+    /// (the standby is gone, so the chain is): run now.
+    pub(super) async fn flush_deferred(&mut self, session: &Connected) -> Option<Exit> {
+        if self.alignment.chained() || self.deferred.is_empty() {
+            return None;
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        let channels: Vec<String> = deferred
+            .into_iter()
+            .filter(|channel| !self.channels.contains_key(channel))
+            .collect();
+        self.unlisten_now(session, &channels).await
+    }
+
+    /// An UNLISTEN on the serving connection waits for the marker that
+    /// removes the channel from both connections' counted sets while a
+    /// standby is up with a chain; else it runs at once, as without one.
+    pub(super) fn defers_unlisten(&self) -> bool {
+        self.standby.is_up() && self.alignment.chained()
     }
 
     /// What the standby had next. Returns an exit of the SERVING connection
@@ -438,12 +257,37 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         };
         let (channel, payload) = (notification.channel(), notification.payload());
         let kind = self.kind(channel, payload);
-        match self.alignment.standby_read(kind, channel, payload) {
-            Held::Taken => None,
-            Held::Overflow => Some(Exit::GaveUp(format!(
+        match self.alignment.standby_read(kind, payload) {
+            Read::Taken(unlisten) => {
+                self.standby_unlisten(unlisten).await;
+                None
+            }
+            Read::Overflow => Some(Exit::GaveUp(format!(
                 "the standby holds more than {HELD_BYTES_LIMIT} bytes the serving connection \
                  has not read"
             ))),
+        }
+    }
+
+    /// The standby read a marker at which the set lost `channels`: UNLISTEN
+    /// there those not subscribed again since. One that fails is replaced.
+    async fn standby_unlisten(&mut self, channels: Vec<String>) {
+        let channels: Vec<String> = channels
+            .into_iter()
+            .filter(|channel| !self.channels.contains_key(channel))
+            .collect();
+        let Slot::Up(up) = &self.standby.slot else {
+            return;
+        };
+        if channels.is_empty() {
+            return;
+        }
+        let sql = listen_sql("UNLISTEN", &channels);
+        let deadline = self.live_op_timeout();
+        let unlisten = up.0.client.batch_execute(&sql);
+        if let Err(error) = super::op(self.shutdown.clone(), unlisten, deadline).await {
+            let why = format!("its UNLISTEN failed: {}", op_reason(&error));
+            self.standby_gone(&why).await;
         }
     }
 
@@ -521,8 +365,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
         let step = self.standby.backoff_step;
         self.standby.backoff_step = step.saturating_add(1);
-        let token = self.alignment.begin();
         self.standby.listened = self.channels.keys().cloned().collect();
+        let token = self.alignment.begin(self.standby.listened.clone());
         let queries = self.standby_queries(&token);
         let connecting = connect(
             self.config.connection.clone(),
@@ -580,20 +424,15 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         queries
     }
 
-    /// A standby that is up LISTENs what the set gained and UNLISTENs what
-    /// it lost since, with a new alignment marker, in one transaction:
-    /// called after the serving connection's LISTENs ran (so both LISTEN a
-    /// new channel from that marker on) and before their acks. Not aligned
-    /// until the serving connection reads the marker (the set changed: the
-    /// two counted different entries before it). One that fails or does not
-    /// answer is replaced.
+    /// A standby that is up LISTENs what the set gained, with a new link
+    /// of the chain (an alignment marker carrying the change), in one
+    /// transaction: called after the serving connection's LISTENs ran (so
+    /// both LISTEN a new channel from that marker on) and before their acks.
+    /// Each connection switches its counted set, and UNLISTENs what the set
+    /// lost, when it reads the marker: the standby stays aligned. One that
+    /// fails or does not answer is replaced.
     pub(super) async fn realign_standby(&mut self) {
-        let Slot::Up(up) = &self.standby.slot else {
-            return;
-        };
-        // Unchanged and aligning: nothing to do. Unchanged and not aligning
-        // (a listen refused: admitted, then forgotten): a marker alone.
-        if self.standby.listened.iter().eq(self.channels.keys()) && !self.alignment.idle() {
+        if !self.standby.is_up() || self.standby.listened.iter().eq(self.channels.keys()) {
             return;
         }
         let added: Vec<String> = self
@@ -609,20 +448,22 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             .filter(|channel| !self.channels.contains_key(*channel))
             .cloned()
             .collect();
-        let token = self.alignment.begin();
+        let listens = listen_sql("LISTEN", &added);
+        let Some(token) = self.alignment.change(added, removed) else {
+            self.standby_gone("it has no chain to realign").await;
+            return;
+        };
         let sql = format!(
-            "BEGIN;{}{}NOTIFY {}, '{token}';COMMIT",
-            listen_sql("LISTEN", &added),
-            listen_sql("UNLISTEN", &removed),
+            "BEGIN;{listens}NOTIFY {}, '{token}';COMMIT",
             self.handover.quoted_channel()
         );
+        let Slot::Up(up) = &self.standby.slot else {
+            return;
+        };
         let realign = up.0.client.batch_execute(&sql);
         let deadline = self.live_op_timeout();
         match super::op(self.shutdown.clone(), realign, deadline).await {
-            Ok(()) => {
-                self.standby.listened = self.channels.keys().cloned().collect();
-                self.standby.aligning_since = Some(tokio::time::Instant::now());
-            }
+            Ok(()) => self.standby.listened = self.channels.keys().cloned().collect(),
             Err(error) => {
                 let why = format!("realigning it failed: {}", op_reason(&error));
                 self.standby_gone(&why).await;
@@ -679,6 +520,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             held.len()
         ));
         self.stats.set_backend(Some(backend));
+        // The lost connection's UNLISTENs: the promoted one runs its own at
+        // the markers it reads.
+        self.deferred.clear();
         // Its first transaction LISTENed the set, unchanged since (a change
         // replaces the standby).
         self.live = self.channels.keys().cloned().collect();
@@ -691,103 +535,5 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         old.close(CLOSE_GRACE).await;
         self.standby.backoff_step = 0;
         Some(session)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn read_all(alignment: &mut Alignment, entries: &[&str]) {
-        for entry in entries {
-            assert_eq!(
-                alignment.standby_read(Kind::Counted, "q", entry),
-                Held::Taken
-            );
-        }
-    }
-
-    #[test]
-    fn the_standby_holds_only_what_the_serving_connection_has_not_read_and_serves_from_there() {
-        let mut alignment = Alignment::new();
-        let token = alignment.begin();
-        assert!(is_alignment_token(&token));
-        // Before its marker the standby drops (the serving connection's).
-        read_all(&mut alignment, &["0"]);
-        alignment.standby_read(Kind::Marker(&token), "", "");
-        read_all(&mut alignment, &["1", "2", "3"]);
-        // The serving connection has not read the marker: not aligned.
-        assert!(!alignment.aligned());
-        assert!(!alignment.serving_drops(Kind::Counted)); // "0"
-        assert!(alignment.serving_drops(Kind::Marker(&token)));
-        assert!(alignment.aligned());
-        assert!(!alignment.serving_drops(Kind::Counted)); // "1"
-        alignment.serving_delivered();
-        // Lost here: the standby delivers 2 and 3, then serves.
-        let held = alignment.promote().unwrap();
-        let payloads: Vec<&str> = held.iter().map(|(_, p)| p.as_str()).collect();
-        assert_eq!(payloads, ["2", "3"]);
-        assert!(alignment.idle());
-        assert!(!alignment.serving_drops(Kind::Counted));
-    }
-
-    #[test]
-    fn a_standby_behind_the_lost_connection_drops_up_to_where_it_stopped() {
-        let mut alignment = Alignment::new();
-        let token = alignment.begin();
-        assert!(alignment.serving_drops(Kind::Marker(&token)));
-        for _ in 0..3 {
-            assert!(!alignment.serving_drops(Kind::Counted));
-            alignment.serving_delivered();
-        }
-        // The standby read its marker and one entry: both already delivered.
-        alignment.standby_read(Kind::Marker(&token), "", "");
-        read_all(&mut alignment, &["1"]);
-        assert_eq!(alignment.promote(), Some(vec![]));
-        // As the serving connection now: 2 and 3 were delivered, 4 is new.
-        assert!(alignment.serving_drops(Kind::Counted));
-        assert!(alignment.serving_drops(Kind::Counted));
-        assert!(!alignment.idle());
-        assert!(!alignment.serving_drops(Kind::Counted));
-        assert!(alignment.idle());
-    }
-
-    #[test]
-    fn a_standby_that_had_not_read_its_marker_drops_up_to_it_then_up_to_the_position() {
-        let mut alignment = Alignment::new();
-        let token = alignment.begin();
-        assert!(alignment.serving_drops(Kind::Marker(&token)));
-        assert!(!alignment.serving_drops(Kind::Counted));
-        alignment.serving_delivered();
-        assert_eq!(alignment.promote(), Some(vec![]));
-        // Entries before its marker, the marker, then the one delivered.
-        assert!(alignment.serving_drops(Kind::Counted));
-        assert!(alignment.serving_drops(Kind::Marker(&token)));
-        assert!(alignment.serving_drops(Kind::Counted));
-        assert!(!alignment.serving_drops(Kind::Counted));
-        // Not counted entries pass as without a standby; stale markers are dropped.
-        assert!(!alignment.serving_drops(Kind::Other));
-        assert!(alignment.serving_drops(Kind::Marker("standby.1.2.3")));
-    }
-
-    #[test]
-    fn not_aligned_is_not_promoted_and_what_is_held_is_bounded() {
-        let mut alignment = Alignment::new();
-        assert_eq!(alignment.promote(), None);
-        let token = alignment.begin();
-        alignment.standby_read(Kind::Marker(&token), "", "");
-        assert_eq!(alignment.promote(), None);
-        let big = "x".repeat(HELD_BYTES_LIMIT / 2);
-        assert_eq!(
-            alignment.standby_read(Kind::Counted, "q", &big),
-            Held::Taken
-        );
-        assert_eq!(
-            alignment.standby_read(Kind::Counted, "q", &big),
-            Held::Overflow
-        );
-        // A stale marker aligns nothing.
-        assert!(alignment.serving_drops(Kind::Marker("standby.0.0.0")));
-        assert!(!alignment.aligned());
     }
 }
