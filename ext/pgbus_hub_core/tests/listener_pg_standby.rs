@@ -588,6 +588,56 @@ async fn the_serving_connection_lost_right_after_a_set_change_is_covered() {
     engine.stop().await;
 }
 
+/// As above, with the serving connection's path 300 ms slow (its server's
+/// bytes late): it reads the marker of a change well after the ack, and
+/// is terminated in between. The standby stays aligned through the change
+/// (the marker carries it): the promotion is exact.
+#[tokio::test]
+async fn a_slow_serving_connection_lost_between_a_set_change_and_its_marker_is_covered() {
+    let Some(options) = options().await else {
+        return;
+    };
+    let admin = admin(&options).await;
+    let proxy = FlowProxy::start(&database_url());
+    let via_proxy = ConnectionOptions::parse(&proxy.url).unwrap();
+    let (name, channel) = (tag(), tag());
+    let (engine, seen) = collected(&via_proxy, &name, true);
+    engine.listen(&channel).await.expect("LISTEN");
+    wait_aligned(&engine).await;
+    let notifier = Notifier::start(&channel);
+    wait_more(&seen, STEADY).await;
+
+    // The serving connection was the proxy's first.
+    proxy.delay(0, Duration::from_millis(300));
+    wait_more(&seen, STEADY).await;
+    let added = tag();
+    engine.listen(&added).await.expect("LISTEN");
+    notify(&admin, &added, "1000000").await;
+    terminate(&admin, &name, engine.stats.backend_pid().unwrap()).await;
+    notify(&admin, &added, "1000001").await;
+    support_wait::wait_until_async("the standby promoted", || {
+        engine.stats.standby_promotions() == 1
+    })
+    .await;
+    wait_more(&seen, STEADY).await;
+    let extra: Vec<u32> = seen
+        .lock()
+        .unwrap()
+        .numbers
+        .iter()
+        .copied()
+        .filter(|number| *number >= 1_000_000)
+        .collect();
+    assert_eq!(extra, [1_000_000, 1_000_001]);
+    seen.lock()
+        .unwrap()
+        .numbers
+        .retain(|number| *number < 1_000_000);
+    assert_every_number_once_in_order(notifier, &seen).await;
+    assert_eq!(engine.stats.reconnects(), 0);
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn the_census_is_one_connection_without_a_standby_and_two_with_it() {
     let Some(options) = options().await else {
