@@ -252,7 +252,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
 /// A server-side ERROR on a connection that is still usable (as opposed to a
 /// FATAL, an I/O error or a closed connection).
-fn refused_by_server(error: &tokio_postgres::Error, session: &Connected) -> bool {
+pub(super) fn refused_by_server(error: &tokio_postgres::Error, session: &Connected) -> bool {
     !session.client.is_closed()
         && error
             .as_db_error()

@@ -203,6 +203,14 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         {
             Ok(()) => None,
             Err(super::OpError::Stopped) => Some(Exit::Stop),
+            // The channels are out of the set either way (a NOTIFY on them is ignored).
+            Err(super::OpError::Pg(error)) if super::live::refused_by_server(&error, session) => {
+                self.config.log.warn(format!(
+                    "pgbus-hub listener: UNLISTEN of {channels:?} refused: {}",
+                    crate::conninfo::describe(&error)
+                ));
+                None
+            }
             Err(error) => {
                 let reason = format!(
                     "UNLISTEN failed: {} (deadline {deadline:?})",
