@@ -18,9 +18,11 @@ use crate::conninfo::{describe, quote_ident, Connected, ServerMessage};
 use crate::protocol::{key_channel, Wake, LARGE_PAYLOAD_MARK, LARGE_PAYLOAD_TABLE};
 use crate::shutdown::Shutdown;
 
+mod alignment;
 mod connect;
 mod handover;
 mod live;
+mod standby;
 
 /// Deadline for the health probe (`SELECT 1`). A healthy primary answers in
 /// well under a millisecond even under load, so 2 s never flaps on a slow
@@ -107,6 +109,15 @@ pub(super) struct Engine<F> {
     stop_at: Option<String>,
     /// That marker was delivered: nothing more is.
     stopped_at_cut: bool,
+    /// The standby connection (off unless [`super::spawn_standby`]).
+    standby: standby::Standby,
+    /// Where the serving connection and the standby stand relative to the
+    /// standby's alignment markers.
+    alignment: alignment::Alignment,
+    /// Channels out of the set the serving connection still LISTENs: their
+    /// UNLISTEN waits for the marker that removes them from both
+    /// connections' counted sets (docs/architecture.md, "Standby").
+    deferred: std::collections::BTreeSet<String>,
 }
 
 impl<F: FnMut(Event) + Send + 'static> Engine<F> {
@@ -139,7 +150,16 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             start_cut: None,
             stop_at: None,
             stopped_at_cut: false,
+            standby: standby::Standby::new(false),
+            alignment: alignment::Alignment::new(),
+            deferred: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// With a standby connection (docs/architecture.md, "Standby").
+    pub(super) fn with_standby(mut self, enabled: bool) -> Self {
+        self.standby = standby::Standby::new(enabled);
+        self
     }
 
     /// The set and the cut of the first transaction (see [`Start`]).
@@ -183,10 +203,20 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self
     }
 
-    /// Publishes where the connection stands (`stats.state()`), logging a change.
+    /// Publishes where the connection stands (`stats.state()`, the
+    /// connections that LISTEN, the standby's alignment), logging a change.
     fn publish_state(&self) {
         let state = ListenerState::of(self.healthy, self.ever_connected, self.handover.keeping());
         self.publish(state);
+        let standby = self.standby.is_up();
+        let connections = [self.healthy, self.handover.keeping(), standby];
+        self.stats.listen_connections.store(
+            connections.iter().filter(|up| **up).count(),
+            Ordering::Relaxed,
+        );
+        self.stats
+            .standby_aligned
+            .store(standby && self.alignment.aligned(), Ordering::Relaxed);
     }
 
     /// Stopped is final: this engine's stats say so from then on.
@@ -202,8 +232,34 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 
     pub(super) async fn run(mut self) {
-        while let Some(mut session) = self.connect_phase().await {
-            match self.serve(&mut session).await {
+        let mut next = self.connect_phase().await;
+        while let Some(mut session) = next.take() {
+            let exit = match self.serve(&mut session).await {
+                // A promoted connection still dropping what the lost one
+                // delivered is not kept for a handover: the kept connection's
+                // path does not drop, and would deliver those twice. Closed:
+                // not exact (a second fault in a row), never twice.
+                Exit::GaveUp(reason) if self.alignment.catching_up() => Exit::Lost(reason),
+                exit => exit,
+            };
+            // The serving connection is lost with the standby aligned: the
+            // standby serves from where it stopped (nothing lost, no reconnect).
+            let reason = match &exit {
+                Exit::Stop => None,
+                Exit::Lost(reason) | Exit::GaveUp(reason) => Some(reason.clone()),
+            };
+            if let Some(reason) = reason.filter(|_| self.alignment.aligned()) {
+                if let Some(promoted) = self.promote(session, &reason).await {
+                    next = Some(promoted);
+                    continue;
+                }
+                self.lost(&reason);
+                self.close_standby().await;
+                next = self.connect_phase().await;
+                continue;
+            }
+            self.close_standby().await;
+            match exit {
                 Exit::Stop => {
                     let unlisten = session.client.batch_execute("UNLISTEN *");
                     let _ = tokio::time::timeout(STOP_UNLISTEN_TIMEOUT, unlisten).await;
@@ -230,6 +286,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     self.handover.keep(session, own_marker);
                 }
             }
+            next = self.connect_phase().await;
         }
         self.close_kept().await;
         self.shutdown();
@@ -255,6 +312,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         self.stats.set_last_error(reason);
         self.stats.set_backend(None);
         self.live.clear();
+        self.deferred.clear();
         self.config.log.warn(format!(
             "pgbus-hub listener lost its PostgreSQL connection ({reason}) — reconnecting"
         ));
@@ -308,7 +366,13 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     fn admit(&mut self, queue: &str, reply: Reply) -> Option<(String, Reply)> {
         match self.config.channel_for(queue) {
             Ok(channel) => {
-                self.channels.insert(channel.clone(), Arc::from(queue));
+                if self
+                    .channels
+                    .insert(channel.clone(), Arc::from(queue))
+                    .is_none()
+                {
+                    self.set_changed();
+                }
                 self.stats
                     .channels
                     .store(self.channels.len(), Ordering::Relaxed);
@@ -327,11 +391,19 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
     }
 
+    /// The listen set changed: a standby still connecting LISTENs another
+    /// set, and is replaced; one that is up is realigned
+    /// ([`Self::realign_standby`]) and stays aligned.
+    fn set_changed(&mut self) {
+        self.standby.set_changed();
+    }
+
     /// Drop `queue` from the set; answers its pending listens. Returns the
     /// channel if it was LISTENed on the live connection.
     fn forget(&mut self, queue: &str) -> Option<String> {
         let channel = self.config.channel_for(queue).ok()?;
         self.channels.remove(&channel)?;
+        self.set_changed();
         self.stats
             .channels
             .store(self.channels.len(), Ordering::Relaxed);
@@ -349,17 +421,30 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         let period = self.config.health_check.max(Duration::from_millis(1));
         let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The standby's own: the serving connection's stream resets the
+        // serving tick, and says nothing of the standby's path.
+        let mut standby_tick = tokio::time::interval_at(Instant::now() + period, period);
+        standby_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             // Commands first: they come at a bounded rate (workers' subs),
             // while NOTIFYs can arrive without pause and must not starve acks.
             // Notifications keep their order among themselves either way.
+            self.tend_standby().await;
+            if let Some(exit) = self.flush_deferred(session).await {
+                return exit;
+            }
             self.publish_state(); // a handover may have ended
             let mut shutdown = self.shutdown.clone();
             let budget = self.handover.deadline();
+            // A promoted connection still dropping what the lost one
+            // delivered counts entries as that one did: the set must not
+            // change until it is past (a few entries: its lag).
+            let catching_up = self.alignment.catching_up();
+            let standby_up = self.standby.is_up();
             tokio::select! {
                 biased;
                 () = shutdown.wait() => return Exit::Stop,
-                command = self.commands.recv() => {
+                command = self.commands.recv(), if !catching_up => {
                     let exit = match command {
                         None => Some(Exit::Stop),
                         Some(command) => self.live_command(session, command).await,
@@ -392,7 +477,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                 }
                 message = session.messages.recv() => match message {
                     Some(ServerMessage::Notification(notification)) => {
-                        if let Some(exit) = self.on_new(session, notification.channel(), notification.payload()).await {
+                        if let Some(exit) = self.on_serving(session, notification.channel(), notification.payload()).await {
                             return exit;
                         }
                         tick.reset();
@@ -400,6 +485,14 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     Some(ServerMessage::Lost(reason)) => return Exit::Lost(reason),
                     None => return Exit::Lost("the connection driver ended".into()),
                 },
+                // After the serving connection: it moves the position the
+                // standby's held entries are dropped up to.
+                next = self.standby.next() => {
+                    if let Some(exit) = self.on_standby(next).await {
+                        return exit;
+                    }
+                    standby_tick.reset();
+                }
                 _ = tick.tick() => {
                     match op(self.shutdown.clone(), session.client.batch_execute("SELECT 1"), PROBE_TIMEOUT).await {
                         Ok(()) => {}
@@ -410,6 +503,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                         }
                     }
                 }
+                _ = standby_tick.tick(), if standby_up => self.probe_standby().await,
             }
         }
     }

@@ -413,6 +413,9 @@ pub struct ListenerStats {
     ignored_notifications: AtomicU64,
     handovers: AtomicU64,
     abandoned_connections: AtomicU64,
+    listen_connections: AtomicUsize,
+    standby_aligned: AtomicBool,
+    standby_promotions: AtomicU64,
     channels: AtomicUsize,
     backend: Mutex<Option<Backend>>,
     last_error: Mutex<Option<LastError>>,
@@ -463,6 +466,21 @@ impl ListenerStats {
     /// failed, or the budget ran out): what was queued for them is lost.
     pub fn abandoned_connections(&self) -> u64 {
         self.abandoned_connections.load(Ordering::Relaxed)
+    }
+    /// This engine's connections that LISTEN: the serving one, a standby
+    /// (with [`spawn_standby`]), a given-up one read on for a handover.
+    pub fn listen_connections(&self) -> usize {
+        self.listen_connections.load(Ordering::Relaxed)
+    }
+    /// A standby is up and the serving connection read its alignment marker:
+    /// the serving connection's loss is covered (docs/architecture.md, "Standby").
+    pub fn standby_aligned(&self) -> bool {
+        self.standby_aligned.load(Ordering::Relaxed)
+    }
+    /// Serving connections lost while a standby was aligned: the standby
+    /// served from where they stopped, nothing lost.
+    pub fn standby_promotions(&self) -> u64 {
+        self.standby_promotions.load(Ordering::Relaxed)
     }
     /// Channels in the listen set (LISTENed, or to be re-LISTENed on reconnect).
     pub fn channels(&self) -> usize {
@@ -556,9 +574,40 @@ pub fn spawn_with(
         config,
         Arc::new(ListenerStats::default()),
         start,
-        false,
+        Options::default(),
         on_event,
     )
+}
+
+/// [`spawn_with`] and the option `standby`: a second connection LISTENs the
+/// same set, aligned with the serving one by a marker, and serves from
+/// exactly where the serving one stopped when that one is lost
+/// (docs/architecture.md, "Standby"; issue 57).
+pub fn spawn_standby(
+    config: ListenerConfig,
+    start: Start,
+    on_event: impl FnMut(Event) + Send + 'static,
+) -> Spawned {
+    let options = Options {
+        standby: true,
+        ..Options::default()
+    };
+    spawn_engine(
+        config,
+        Arc::new(ListenerStats::default()),
+        start,
+        options,
+        on_event,
+    )
+}
+
+/// How an engine runs, beside its config and its start.
+#[derive(Clone, Copy, Debug, Default)]
+struct Options {
+    /// Its first connection is a reconnect ([`respawn`]).
+    resumed: bool,
+    /// A standby connection ([`spawn_standby`]).
+    standby: bool,
 }
 
 /// A new engine in place of one whose task ended: it publishes into the old
@@ -571,14 +620,18 @@ pub fn respawn(
     stats: Arc<ListenerStats>,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
-    spawn_engine(config, stats, Start::default(), true, on_event)
+    let options = Options {
+        resumed: true,
+        ..Options::default()
+    };
+    spawn_engine(config, stats, Start::default(), options, on_event)
 }
 
 fn spawn_engine(
     config: ListenerConfig,
     stats: Arc<ListenerStats>,
     start: Start,
-    resumed: bool,
+    options: Options,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
     let (commands, receiver) = mpsc::unbounded_channel();
@@ -588,8 +641,13 @@ fn spawn_engine(
         stop: Arc::new(trigger),
     };
     let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event)
-        .starting_with(start);
-    let engine = if resumed { engine.resumed() } else { engine };
+        .starting_with(start)
+        .with_standby(options.standby);
+    let engine = if options.resumed {
+        engine.resumed()
+    } else {
+        engine
+    };
     let join = tokio::spawn(engine.run());
     (handle, stats, join)
 }

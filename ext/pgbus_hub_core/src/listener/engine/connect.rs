@@ -17,19 +17,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     pub(super) fn next_delay(&mut self) -> Duration {
         let step = self.backoff_step;
         self.backoff_step = self.backoff_step.saturating_add(1);
-        if step == 0 {
-            return Duration::ZERO;
-        }
-        let base = BACKOFF_FIRST
-            .saturating_mul(1u32 << (step - 1).min(16))
-            .min(BACKOFF_MAX);
-        // +-20% jitter so a host's listeners do not retry in lockstep.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
-        base.mul_f64(factor)
+        backoff_delay(step)
     }
 
     /// Connect (retrying with backoff) while answering commands. None = stop.
@@ -230,6 +218,24 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 }
 
+/// The wait before connect attempt `step` (0: at once) of the serving
+/// connection or the standby, each counting its own.
+pub(super) fn backoff_delay(step: u32) -> Duration {
+    if step == 0 {
+        return Duration::ZERO;
+    }
+    let base = BACKOFF_FIRST
+        .saturating_mul(1u32 << (step - 1).min(16))
+        .min(BACKOFF_MAX);
+    // +-20% jitter so a host's listeners do not retry in lockstep.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
+    base.mul_f64(factor)
+}
+
 /// Why a new connection was not brought up.
 enum Up {
     /// The primary check's refusal or failure, and whether it was a server in recovery.
@@ -238,7 +244,7 @@ enum Up {
 }
 
 /// The re-LISTEN's queries, in order (see [`Engine::relisten_queries`]).
-async fn listen_all(
+pub(super) async fn listen_all(
     shutdown: Shutdown,
     session: &Connected,
     queries: &[String],
@@ -257,7 +263,7 @@ async fn listen_all(
 /// The backend (pid, database, client address), and a refusal if the server
 /// is a standby (NOTIFY is never delivered on a hot standby: LISTEN there
 /// would wait forever).
-async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
+pub(super) async fn check_primary(session: &Connected) -> Result<Backend, (bool, String)> {
     let query = session.client.simple_query(
         "SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, current_database(), \
          inet_client_addr()::text",

@@ -33,7 +33,7 @@ use crate::listener::{is_cut_token, Cut, Event};
 /// notifications are held back when the old backend is gone for good but
 /// its socket is not (a dead host, no RST): then they come 10 s late
 /// instead of never.
-const BUDGET_CYCLES: u32 = 40;
+pub(super) const BUDGET_CYCLES: u32 = 40;
 
 /// The most payload bytes held from the new connection while the old one
 /// has not shown the marker. Past it the old one is given up (its backlog
@@ -126,6 +126,17 @@ impl Handover {
     /// `cut`'s two NOTIFYs, the other side's channel's and ours, for a transaction.
     pub(super) fn cut_sql(&self, cut: &Cut) -> String {
         cut.notify_sql(&self.quoted_channel)
+    }
+
+    /// The private channel as the SQL names it.
+    pub(super) fn quoted_channel(&self) -> &str {
+        &self.quoted_channel
+    }
+
+    /// No given-up connection is read, and the serving connection has read
+    /// back its own marker: its stream is the one a standby aligns with.
+    pub(super) fn settled(&self) -> bool {
+        self.kept.is_none() && self.awaiting_own.is_none()
     }
 
     /// Whether a given-up connection is still read.

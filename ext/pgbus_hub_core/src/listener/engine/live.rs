@@ -157,8 +157,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         .await
         {
             Ok(()) => {
-                for (channel, reply) in batch {
-                    self.live.insert(channel);
+                for (channel, _) in &batch {
+                    self.live.insert(channel.clone());
+                }
+                // The ack after both connections' LISTENs ran.
+                self.realign_standby().await;
+                for (_, reply) in batch {
                     reply.send(Ok(()));
                 }
                 None
@@ -207,6 +211,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
     async fn unlisten_live(&mut self, session: &Connected, queue: &str) -> Option<Exit> {
         let channel = self.forget(queue)?;
+        if self.defers_unlisten() {
+            // Run when this connection reads the marker of the change.
+            self.deferred.insert(channel);
+            self.realign_standby().await;
+            return None;
+        }
         let sql = listen_sql("UNLISTEN", &[channel]);
         let deadline = self.live_op_timeout();
         match op(
@@ -216,7 +226,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         )
         .await
         {
-            Ok(()) => None,
+            Ok(()) => {
+                self.realign_standby().await;
+                None
+            }
             Err(OpError::Stopped) => Some(Exit::Stop),
             // The channel is out of the set either way (a NOTIFY on it is ignored).
             Err(OpError::Pg(error)) if refused_by_server(&error, session) => {
@@ -239,7 +252,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
 
 /// A server-side ERROR on a connection that is still usable (as opposed to a
 /// FATAL, an I/O error or a closed connection).
-fn refused_by_server(error: &tokio_postgres::Error, session: &Connected) -> bool {
+pub(super) fn refused_by_server(error: &tokio_postgres::Error, session: &Connected) -> bool {
     !session.client.is_closed()
         && error
             .as_db_error()
