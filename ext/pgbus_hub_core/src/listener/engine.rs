@@ -271,6 +271,9 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
                     let _ = self.handover.new_connection_gone();
                     let why = "the new connection was lost too";
                     let _ = self.abandon(Some(&session), why).await;
+                    // A failed LISTEN or health check ends the connection
+                    // with notifications it had received still unread.
+                    let _ = self.deliver_received(&mut session).await;
                     session.close(CLOSE_GRACE).await;
                 }
                 Exit::GaveUp(reason) => {
@@ -290,6 +293,23 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
         self.close_kept().await;
         self.shutdown();
+    }
+
+    /// Delivers, in order, the notifications a lost connection had received
+    /// and not yet handed on, up to a large payload (its row cannot be read
+    /// on a lost connection). `Some(Exit::Stop)`: the engine was told to
+    /// stop meanwhile.
+    async fn deliver_received(&mut self, lost: &mut Connected) -> Option<Exit> {
+        while let Ok(ServerMessage::Notification(notification)) = lost.messages.try_recv() {
+            let (channel, payload) = (notification.channel(), notification.payload());
+            if payload.starts_with(crate::protocol::LARGE_PAYLOAD_MARK) {
+                break;
+            }
+            if let Some(Exit::Stop) = self.on_serving(lost, channel, payload).await {
+                return Some(Exit::Stop);
+            }
+        }
+        None
     }
 
     fn shutdown(&mut self) {

@@ -502,17 +502,11 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             return None;
         }
         let mut old = old;
-        // What `old` received before its loss, so its position is final.
-        // A large payload's row cannot be read on it: left to the standby.
-        while let Ok(ServerMessage::Notification(notification)) = old.messages.try_recv() {
-            let (channel, payload) = (notification.channel(), notification.payload());
-            if payload.starts_with(crate::protocol::LARGE_PAYLOAD_MARK) {
-                break;
-            }
-            if let Some(Exit::Stop) = self.on_serving(&old, channel, payload).await {
-                old.close(CLOSE_GRACE).await;
-                return None;
-            }
+        // What `old` received before its loss, so its position is final (a
+        // large payload and what follows it: left to the standby).
+        if self.deliver_received(&mut old).await.is_some() {
+            old.close(CLOSE_GRACE).await;
+            return None;
         }
         let held = self.alignment.promote()?;
         let (session, backend) = self.standby.take()?;
