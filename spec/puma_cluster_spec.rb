@@ -53,7 +53,7 @@ RSpec.describe "Puma cluster on one LISTEN connection", :puma do
       c.stop
       expect(c.stopped_cleanly?).to be(true)
       expect(File.exist?(socket)).to be(false)
-      expect(c.final_log.scan(/master hub at \S+ stopped/).size).to eq(1)
+      expect(c.final_log.scan(/master hub at \S+ stopped/).size).to eq(1), c.final_log.lines.last(30).join
       # pgbus's teardown runs from our plugin; pgbus's own plugin registers it for Puma 7+ only
       ours = (options[:order] != :pgbus_first && options[:plugins] != "") || options[:plugins].to_s.include?("pgbus_hub")
       expect(c.final_log).to match(/\[Pgbus::Streamer\] reset! \(pid \d+\)/) if options[:mode] == :pgbus && ours
