@@ -62,7 +62,8 @@ report[:durable_after_failover] = deliver.call("")
 report[:socket_left] = File.exist?(path)
 hub = Pgbus::Hub::SharedHub.start(socket_path: path, logger: nil, **Pgbus::Hub::PgbusAdapter.master_options)
 deadline = Time.now + 10
-sleep 0.05 while ours.failed_over? && Time.now < deadline
+# A fail-back ends at the hub's marker (the aligned fail-back): failing_back until then.
+sleep 0.05 while ours.state != :on_hub && Time.now < deadline
 report[:back_on_hub] = !ours.failed_over?
 got.clear
 report[:durable_after_fail_back] = deliver.call("")

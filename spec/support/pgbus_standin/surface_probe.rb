@@ -58,7 +58,10 @@ end
 start_hub = -> { Pgbus::Hub::SharedHub.start(socket_path: hub_path, logger: nil, **Pgbus::Hub::PgbusAdapter.master_options) }
 failures = []
 # Read off our listener, not the call under test (a missing dead? must fail its row, not the probe).
-away = ->(o) { (o.respond_to?(:listener) ? o.listener : o).failed_over? }
+listener_of = ->(o) { o.respond_to?(:listener) ? o.listener : o }
+away = ->(o) { listener_of.call(o).failed_over? }
+# A fail-back ends at the hub's marker (the aligned fail-back): failing_back until then.
+back = ->(o) { listener_of.call(o).state.to_s == "on_hub" }
 # Built as pgbus builds them: its Instance (0.13.1+: HubClient.new, then connect) or, before 0.13.1,
 # Listener.new with the worker's own connection (which pgbus-hub closes and replaces).
 build = if report[:installed] == :hub_era
@@ -76,7 +79,7 @@ object, make = build
 first = make.call
 record.call(object, :failed_over_at_start, first)
 start_hub.call
-wait_for { !away.call(first) }
+wait_for { back.call(first) }
 record.call(object, :on_hub_after_fail_back, first)
 second = make.call
 record.call(object, :on_hub, second)
