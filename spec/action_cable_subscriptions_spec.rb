@@ -55,3 +55,44 @@ RSpec.describe "ActionCable adapter pgbus_hub: confirmations" do
     relay&.close
   end
 end
+
+# A burst (a black hole's backlog, a SIGSTOPped worker's) through Rails' own event loop, whose
+# executor runs each posted task on a pool of up to 10 threads: every subscriber gets the
+# channel's messages in the order they were NOTIFYed (the soak counted 236 out of order on this
+# adapter where Rails' postgresql adapter, slower to hand a burst on, showed 0).
+RSpec.describe "ActionCable adapter pgbus_hub: order" do
+  before do
+    skip "ActionCable not loadable: #{CABLE_SUBSCRIPTIONS_MISSING}" if defined?(CABLE_SUBSCRIPTIONS_MISSING)
+    skip "no PostgreSQL" unless TestDatabase.available?
+  end
+
+  it "hands a burst to each subscriber in NOTIFY order through Rails' event loop" do
+    require "concurrent" # loaded by ActionCable's server in an app; the event loop needs them
+    require "nio"
+    event_loop = ActionCable::Connection::StreamEventLoop.new
+    confirmed = Queue.new
+    seen = Hash.new { |h, k| h[k] = [] }
+    lock = Mutex.new
+    subscriptions = ActionCable::SubscriptionAdapter::PgbusHub::Subscriptions.new(event_loop) do |wakes, on_listening|
+      Pgbus::Hub::Listener.new(connection: TestDatabase.url, dispatch_queue: wakes, on_listening: on_listening).start
+    end
+    room = "cable_order_#{Process.pid}_#{rand(1 << 30).to_s(36)}"
+    %w[first second].each do |name|
+      # sleep: a callback that gives up the GVL for a moment (ActionCable's hands off to its worker pool).
+      subscriptions.add_subscriber(room, ->(m) { sleep 0.0002; lock.synchronize { seen[name] << m.to_i } }, -> { confirmed << name })
+    end
+    Timeout.timeout(10) { 2.times { confirmed.pop } }
+    burst = 2000
+    TestDatabase.with do |conn|
+      conn.transaction { (1..burst).each { |i| conn.exec_params("select pg_notify($1, $2)", [room, i.to_s]) } }
+    end
+    Timeout.timeout(30) { sleep 0.05 until lock.synchronize { seen.values.sum(&:size) } == 2 * burst }
+    lock.synchronize do
+      expect(seen.transform_values { |got| got.each_cons(2).count { |a, b| b < a } }).to eq("first" => 0, "second" => 0)
+      expect(seen.values).to all(eq((1..burst).to_a))
+    end
+  ensure
+    subscriptions&.shutdown
+    event_loop&.stop
+  end
+end

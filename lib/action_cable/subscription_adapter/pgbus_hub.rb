@@ -73,7 +73,7 @@ module ActionCable
       def subscriptions
         @lock.synchronize do
           @subscriptions = nil unless @subscriptions&.owned?
-          @subscriptions ||= Subscriptions.new(callback_executor) do |wakes, on_listening|
+          @subscriptions ||= Subscriptions.new(callback_executor, logger: logger) do |wakes, on_listening|
             # Our WakeMessage: a pgbus before 0.13.1 loaded beside has one without the payload (the message).
             Pgbus::Hub.worker_listener(listen_options, dispatch_queue: wakes, on_listening: on_listening,
                                                        wake_message: Pgbus::Hub::WakeMessage, logger: logger)
@@ -116,4 +116,5 @@ module ActionCable
   end
 end
 
+require_relative "pgbus_hub/in_order"
 require_relative "pgbus_hub/subscriptions"

@@ -12,14 +12,14 @@ module ActionCable
       # one's LISTEN is still on its way (Rails' postgresql adapter does: a
       # message sent meanwhile reaches neither, yet both were confirmed).
       # Callbacks and messages are posted where Rails' adapter posts them (the
-      # event loop; 8.2: the executor).
+      # event loop; 8.2: the executor), one at a time in arrival order (InOrder).
       class Subscriptions < SubscriberMap
         KEY_PREFIX = Pgbus::Hub.channel_key("")
 
         # The block builds the listener for a dispatch queue and an on_listening callback.
-        def initialize(callbacks, &build_listener)
+        def initialize(executor, logger: nil, &build_listener)
           super()
-          @callbacks = callbacks
+          @callbacks = InOrder.new(executor, logger: logger)
           @owner_pid = ::Process.pid
           @confirming = {} # channel => [listen ticket, success callbacks], until its LISTEN is active
           @confirming_lock = Mutex.new
@@ -27,7 +27,10 @@ module ActionCable
         end
 
         def owned? = @owner_pid == ::Process.pid
-        def shutdown = @listener.stop
+        def shutdown
+          @callbacks.close
+          @listener.stop
+        end
 
         # SubscriberMap calls on_success at once for a channel it has already: held here
         # until that channel's LISTEN is active.
