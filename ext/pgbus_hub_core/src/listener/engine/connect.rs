@@ -191,11 +191,21 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// markers' queue position is where this connection's LISTENs took
     /// effect. Returns the queries with the handover marker's token.
     fn relisten_queries(&mut self) -> (Vec<String>, Option<String>) {
-        let channels: Vec<String> = self.channels.keys().cloned().collect();
         let (private, marker) = self.handover.statements();
-        // One simple query per LISTEN_BATCH channels, the transaction
-        // spanning them: BEGIN before the first, the private channel's
-        // statements and COMMIT after the last.
+        let mut closing: String = private.iter().map(|statement| format!("{statement};")).collect();
+        if let Some(cut) = &self.start_cut {
+            closing.push_str(&self.handover.cut_sql(cut));
+        }
+        (self.first_transaction(&closing), marker)
+    }
+
+    /// The whole listen set LISTENed in ONE transaction, `closing` (the
+    /// private channel's statements, each ending in `;`) and COMMIT after
+    /// the last LISTEN: one simple query per LISTEN_BATCH channels, BEGIN
+    /// before the first. A new serving connection and a standby both
+    /// start so.
+    pub(super) fn first_transaction(&self, closing: &str) -> Vec<String> {
+        let channels: Vec<String> = self.channels.keys().cloned().collect();
         let mut queries: Vec<String> = channels
             .chunks(LISTEN_BATCH)
             .map(|chunk| listen_sql("LISTEN", chunk))
@@ -205,16 +215,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         }
         queries[0].insert_str(0, "BEGIN;");
         if let Some(last) = queries.last_mut() {
-            for statement in private {
-                last.push_str(&statement);
-                last.push(';');
-            }
-            if let Some(cut) = &self.start_cut {
-                last.push_str(&self.handover.cut_sql(cut));
-            }
+            last.push_str(closing);
             last.push_str("COMMIT");
         }
-        (queries, marker)
+        queries
     }
 }
 

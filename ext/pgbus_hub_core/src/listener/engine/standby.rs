@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::alignment::{is_alignment_token, Kind, Serving, Standby as Read, HELD_BYTES_LIMIT};
 use super::connect::{check_primary, listen_all};
-use super::{listen_sql, op_reason, Engine, Exit, CLOSE_GRACE, LISTEN_BATCH};
+use super::{listen_sql, op_reason, Engine, Exit, CLOSE_GRACE};
 use crate::conninfo::{Connected, ConnectionOptions, ServerMessage};
 use crate::listener::{Backend, Event};
 use crate::shutdown::Shutdown;
@@ -414,22 +414,8 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// The standby's first transaction: the whole set, the private channel
     /// and the alignment marker.
     fn standby_queries(&self, token: &str) -> Vec<String> {
-        let channels: Vec<String> = self.channels.keys().cloned().collect();
-        let mut queries: Vec<String> = channels
-            .chunks(LISTEN_BATCH)
-            .map(|chunk| listen_sql("LISTEN", chunk))
-            .collect();
-        if queries.is_empty() {
-            queries.push(String::new());
-        }
-        queries[0].insert_str(0, "BEGIN;");
-        if let Some(last) = queries.last_mut() {
-            let channel = self.handover.quoted_channel();
-            last.push_str(&format!(
-                "LISTEN {channel};NOTIFY {channel}, '{token}';COMMIT"
-            ));
-        }
-        queries
+        let channel = self.handover.quoted_channel();
+        self.first_transaction(&format!("LISTEN {channel};NOTIFY {channel}, '{token}';"))
     }
 
     /// A standby that is up LISTENs what the set gained, with a new link
