@@ -2,11 +2,12 @@
 
 require_relative "support/puma_apps/e2e_helpers"
 
-# Issue 49: a Puma (<= 8.0.2) server that stops can wedge for good in IO#close of its notify pipe
-# (puma#3677, docs/deploys.md); the worker then lives until the master kills it at
-# worker_shutdown_timeout. `plugin :pgbus_hub` ends a server thread that sat 0.5 s in IO#close as it
-# stopped. The wedge is made on purpose here (spec/support/stops/wedge: a close that never returns),
-# the race being rare: a real 1-worker cluster, stopped with TERM (config.rb: worker_shutdown_timeout 5).
+# Issue 49: a Puma server that stops (6.6 to 8.0.2, and main with puma#3940: spec/puma_main_stop_spec.rb)
+# can wedge for good in IO#close of its notify pipe (puma#3677, docs/deploys.md); the worker then
+# lives until the master kills it at worker_shutdown_timeout. `plugin :pgbus_hub` ends a server
+# thread that sat 0.5 s in IO#close as it stopped. The wedge is made on purpose here
+# (spec/support/stops/wedge: a close that never returns), the race being rare: a real 1-worker
+# cluster, stopped with TERM (config.rb: worker_shutdown_timeout 5).
 RSpec.describe "a Puma server wedged in IO#close as it stops", :puma do
   include PumaE2E
 

@@ -200,9 +200,10 @@ module Pgbus
         target.public_send(target.respond_to?(modern) ? modern : legacy, &block)
       end
 
-      # Puma up to 8.0.2 (puma#3677; fixed on its main branch by puma#3940, in no release yet): a server
-      # stopping can wedge for good in IO#close of its notify pipe, which Ruby (3.3, 3.4) never lets
-      # return once the TERM trap's write to that pipe was interrupted by the close (docs/puma-stop-wedge.md).
+      # Puma 6.6 to 8.0.2 and its main branch (puma#3677; puma#3940's syswrite, on main after 8.0.2, does
+      # not fix it on Ruby 3.3.8: measured, docs/deploys.md): a server stopping can wedge for good in
+      # IO#close of its notify pipe, which Ruby (3.3, 3.4) never lets return once the TERM trap's write
+      # to that pipe was interrupted by the close (docs/puma-stop-wedge.md).
       # A worker then serves its hijacked sockets until the master kills it at worker_shutdown_timeout
       # (30 s), and a hot restart serves no one meanwhile. As a server stops, a thread watches the
       # server's thread: one that sat SECONDS in IO#close is ended, and the worker exits as Puma means
@@ -210,6 +211,8 @@ module Pgbus
       # SECONDS is short because every wedged stop costs it (plus up to POLL), and in a hot restart
       # every client waits for it: the stuck close is the server thread's last step (the pipes'
       # close after its graceful shutdown), and a pipe's close otherwise returns at once.
+      # It runs on every Puma: none is known to be free of the wedge, and no version would tell one
+      # (main reports 8.0.2); where a close returns, it never acts.
       module StuckClose
         SECONDS = 0.5
         POLL = 0.1

@@ -9,6 +9,25 @@ module Stops
   # worker that outlives its stop.
   class Cluster < PumaCluster
     CONFIG = File.join(__dir__, "puma.rb")
+    # PGBUS_HUB_PUMA_DIR: a Puma checkout whose C extension is built (lib/puma/puma_http11.so), run
+    # instead of the installed Puma, e.g. Puma's main branch, which carries the stop wedge's fix
+    # (puma#3940, docs/deploys.md). Its bin/puma loads no gem, and its lib/ comes first on RUBYLIB,
+    # so the workers and a hot restart's re-exec'd master load that Puma too.
+    PUMA_DIR = ENV["PGBUS_HUB_PUMA_DIR"].to_s.then { |dir| dir.empty? ? nil : File.expand_path(dir) }
+    PUMA = PUMA_DIR ? File.join(PUMA_DIR, "bin", "puma") : PumaCluster::PUMA
+
+    # The Puma at PUMA_DIR has puma#3940's change: its notify_safely writes with syswrite, which
+    # never leaves IO#close waiting for a writer in the TERM trap (docs/puma-stop-wedge.md).
+    def self.puma_dir_has_fix?
+      File.read(File.join(PUMA_DIR, "lib", "puma", "server.rb"))[/def notify_safely.*?\n    end\n/m].to_s.include?("syswrite")
+    end
+
+    def environment
+      env = super
+      return env unless PUMA_DIR
+
+      env.merge("RUBYLIB" => [File.join(PUMA_DIR, "lib"), *env["RUBYLIB"].to_s.split(File::PATH_SEPARATOR)].join(File::PATH_SEPARATOR))
+    end
 
     # PumaCluster#start on this config.
     def start(wait: true)

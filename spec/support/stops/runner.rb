@@ -23,7 +23,8 @@ module Stops
 
   # apps: which of ADAPTERS run, at the same time (PGBUS_STOPS_APPS; CONTROL=0 is pgbus_hub alone).
   # pgbus_libs: real pgbus's lib dirs (PGBUS_HUB_REAL_PGBUS_LIBS): pgbus's SSE streams (pgbus_sse.rb).
-  Settings = Struct.new(:cycles, :kinds, :rate, :clients, :apps, :pgbus_libs, :report, :dumps, keyword_init: true) do
+  # puma_dir: the Puma checkout run instead of the installed Puma (PGBUS_HUB_PUMA_DIR, Cluster::PUMA_DIR).
+  Settings = Struct.new(:cycles, :kinds, :rate, :clients, :apps, :pgbus_libs, :puma_dir, :report, :dumps, keyword_init: true) do
     def self.from_env(env = ENV)
       kinds = env.fetch("PGBUS_STOPS_KINDS", KINDS.join(",")).split(",").map(&:strip).reject(&:empty?)
       unknown = kinds - KINDS
@@ -36,6 +37,7 @@ module Stops
 
       new(cycles: Integer(env.fetch("PGBUS_STOPS_N", "40")), kinds: kinds, rate: Float(env.fetch("PGBUS_STOPS_RATE", "10")),
           clients: Integer(env.fetch("PGBUS_STOPS_CLIENTS", "16")), apps: apps, pgbus_libs: PgbusSse.libs(env),
+          puma_dir: Cluster::PUMA_DIR,
           report: env["PGBUS_STOPS_REPORT"],
           dumps: env.fetch("PGBUS_STOPS_DUMPS") { File.join(PumaCluster::ROOT, "tmp", "stops-#{Time.now.utc.strftime('%Y%m%d-%H%M%S')}") })
     end
@@ -46,9 +48,11 @@ module Stops
   # client was subscribed again (USR2: on a new worker; USR1: the longest client's gap).
   # served_by_kind / missed_per_client: the same per client kind (cable, stream), per client.
   # killed: old workers that never ran their at_exit (puma.rb marks it): the master SIGKILLed them.
+  # ended_by_plugin: old workers whose server thread the plugin's stop watch ended, stuck in IO#close
+  # (its WARN line in Puma's log; Pgbus::Hub::PumaPlugin::StuckClose): Puma's stop wedge, worked around.
   # steps: a hot restart's timeline (AppStops#hot_restart_steps); load: the host's 1-minute load
   # average at the stop (/proc/loadavg: other work on the host shows in the figures).
-  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :killed,
+  Stop = Struct.new(:kind, :at, :workers_gone_s, :master_gone_s, :served_s, :served_by_kind, :lingered, :killed, :ended_by_plugin,
                     :missed, :missed_per_client, :lost, :lost_by_kind, :detail, :steps, :load, keyword_init: true)
 
   # The stops of one app (adapter), run in a thread of its own beside the other app's.
@@ -116,7 +120,8 @@ module Stops
       served = stop.served_s ? ", every client served again after #{stop.served_s} s #{stop.served_by_kind.inspect}" : ""
       missed = stop.missed ? ", missed while disconnected #{stop.missed}, lost while connected #{stop.lost}" : ""
       steps = stop.steps ? "; steps (s) #{stop.steps.compact.map { |step, s| "#{step} #{s}" }.join(', ')}" : ""
-      "load #{stop.load}: old workers gone after #{stop.workers_gone_s.max} s#{served}#{missed}#{steps}" \
+      plugin = stop.ended_by_plugin.empty? ? "" : " (#{stop.ended_by_plugin.size} ended by the plugin's stop watch)"
+      "load #{stop.load}: old workers gone after #{stop.workers_gone_s.max} s#{plugin}#{served}#{missed}#{steps}" \
         "#{stop.lingered.empty? ? '' : " — LINGERED: #{stop.lingered.map { |l| "#{l[:pid]} #{l[:gone_s]} s" }.join(', ')}"}"
     end
 
@@ -157,7 +162,7 @@ module Stops
       app.puma.wait_for("4 new workers of #{@adapter}", timeout: 90) { (app.puma.worker_pids - old).size == 4 }
       served = served_again(app, old, at)
       steps = hot_restart_steps(app, old, at).merge(first_request_answered: probe.value&.then { |t| (t - at).round(2) })
-      stop("usr2", at, gone, served_s: served.values.max, served_by_kind: served, steps: steps)
+      stop("usr2", at, gone, app, served_s: served.values.max, served_by_kind: served, steps: steps)
     end
 
     # When a new worker first answered a plain request (GET /pid), asked again at once until one
@@ -203,7 +208,7 @@ module Stops
           client.sessions.each_cons(2).filter_map { |a, b| b.confirmed_at - a.ended_at if a.ended_at && a.ended_at >= at }.max || 0
         end.max.round(2)
       end
-      stop("usr1", at, gone, served_s: gaps.values.max, served_by_kind: gaps)
+      stop("usr1", at, gone, app, served_s: gaps.values.max, served_by_kind: gaps)
     end
 
     def terminate(app)
@@ -212,13 +217,19 @@ module Stops
       app.puma.signal("TERM")
       gone = watch(app, old.to_h { |pid| [pid, at] })
       reaped = app.puma.wait_for(nil, timeout: GONE_DEADLINE) { app.puma.reaped? && Soak.now }
-      stop("term", at, gone, master_gone_s: reaped && (reaped - at).round(2))
+      stop("term", at, gone, app, master_gone_s: reaped && (reaped - at).round(2))
     end
 
-    def stop(kind, at, gone, **figures)
+    def stop(kind, at, gone, app, **figures)
       killed = gone[:detail].reject { |_, marks| marks.key?("at_exit") }.keys
       Stop.new(kind: kind, at: (at - @t0).round(1), workers_gone_s: gone[:gone].values, lingered: gone[:lingered],
-               killed: killed, detail: gone[:detail], load: Float(File.read("/proc/loadavg").split.first), **figures)
+               killed: killed, ended_by_plugin: ended_by_plugin(app, gone[:detail].keys), detail: gone[:detail],
+               load: Float(File.read("/proc/loadavg").split.first), **figures)
+    end
+
+    # Which of +pids+ logged the stop watch's WARN line (Puma prefixes a worker's lines with "[PID] ").
+    def ended_by_plugin(app, pids)
+      app.puma.log.scan(/\[(\d+)\] .*Puma's server thread sat .* in IO#close/).flatten.map(&:to_i).uniq & pids
     end
 
     # Every client subscribed on a worker not in +old+ (bounded); per client kind (cable,
@@ -343,6 +354,7 @@ module Stops
         gone = stops.map { |s| s.workers_gone_s.max || 0 }
         served = stops.filter_map(&:served_s)
         { stops: stops.size, lingered: stops.count { |s| s.lingered.any? }, killed: stops.sum { |s| s.killed.size },
+          worker_stops: stops.sum { |s| s.detail.size }, ended_by_plugin: stops.sum { |s| s.ended_by_plugin.size },
           workers_gone_s: spread(gone), master_gone_s: spread(stops.filter_map(&:master_gone_s)),
           served_again_s: served.empty? ? nil : spread(served),
           served_again_by_kind_s: stops.filter_map(&:served_by_kind).flat_map(&:to_a).group_by(&:first)
@@ -376,14 +388,17 @@ module Stops
   def print(data, out)
     out.puts "", "=== stops: #{data[:settings][:cycles]} cycles, #{data[:settings][:clients]} WebSocket " \
                  "(+ as many #{data[:settings][:pgbus_libs].empty? ? 'streaming HTTP on pgbus_hub' : "pgbus SSE"}) clients, #{data[:settings][:rate]} msg/s ==="
-    out.puts "| app | stop | stops | a worker alive > 5 s (workers killed) | old workers gone p50 / max s | master gone p50 / max s | " \
+    out.puts "[stops] Puma: #{Cluster::PUMA}"
+    out.puts "| app | stop | stops | a worker alive > 5 s (workers killed) | worker stops (ended by the plugin's stop watch) | " \
+             "old workers gone p50 / max s | master gone p50 / max s | " \
              "every client served again min / p50 / max s (over 5 s) | load (1 min) | missed while disconnected (per client and stop) | lost while connected |"
-    out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    out.puts "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     data[:apps].each do |adapter, app|
       app[:kinds].each do |kind, k|
         fmt = ->(s) { s ? "#{s[:p50]} / #{s[:max]}" : "-" }
         served = ->(s) { s ? "#{s[:min]} / #{s[:p50]} / #{s[:max]} (#{s[:over_5s]})" : "-" }
-        out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} (#{k[:killed]}) | #{fmt.call(k[:workers_gone_s])} | " \
+        out.puts "| #{adapter} | #{kind} | #{k[:stops]} | #{k[:lingered]} (#{k[:killed]}) | #{k[:worker_stops]} (#{k[:ended_by_plugin]}) | " \
+                 "#{fmt.call(k[:workers_gone_s])} | " \
                  "#{fmt.call(k[:master_gone_s])} | #{served.call(k[:served_again_s])} | #{k[:load].join('-')} | #{k[:missed_while_disconnected]} " \
                  "(#{k[:missed_per_client_per_stop].map { |kind, n| "#{kind} #{n}" }.join(', ')}) | " \
                  "#{k[:lost_while_connected]}#{k[:lost_while_connected_by_kind].empty? ? '' : " (#{k[:lost_while_connected_by_kind].map { |kind, n| "#{kind} #{n}" }.join(', ')})"} |"
