@@ -265,13 +265,14 @@ RSpec.describe "platforms" do
       Gem.platforms = saved
     end
 
-    it "rake native:darwin without a Ruby source says what to set and builds nothing" do
-      env = ENV.keys.grep(/\APGBUS_HUB_RUBY_SRC_/).to_h { |key| [key, nil] }
+    it "rake native:darwin without a darwin Ruby says what to set and builds nothing" do
+      env = ENV.keys.grep(/\APGBUS_HUB_(RUBY_SRC_|DARWIN_RUBIES\z)/).to_h { |key| [key, nil] }
       out, status = Open3.capture2e(env, RbConfig.ruby, "-S", "rake", "native:darwin", chdir: ROOT)
       expect(status).to be_success, out
-      expect(out.strip).to eq("native:darwin: skipped, no Ruby source given: set PGBUS_HUB_RUBY_SRC_3_3, " \
+      expect(out.strip).to eq("native:darwin: skipped, no darwin Ruby given: set PGBUS_HUB_RUBY_SRC_3_3, " \
                               "PGBUS_HUB_RUBY_SRC_3_4 and/or PGBUS_HUB_RUBY_SRC_4_0 to Ruby 3.3 / 3.4 / 4.0 source " \
-                              "directories (docs/development.md)")
+                              "directories, or PGBUS_HUB_DARWIN_RUBIES to a directory of bin/cross-darwin export's " \
+                              "files (docs/development.md)")
     end
 
     it "are named without a darwin version" do
