@@ -275,6 +275,23 @@ RSpec.describe "platforms" do
                               "files (docs/development.md)")
     end
 
+    # What the workflows' macOS jobs upload for the Linux build: run here on this Ruby, whose layout
+    # (Debian's multiarch paths) is no darwin one, the files must stand where its RbConfig says.
+    it "bin/cross-darwin export copies rbconfig.rb and both header directories at their paths under the prefix" do
+      Dir.mktmpdir("pgbus-hub-export") do |dir|
+        out, status = Open3.capture2e(File.join(ROOT, "bin", "cross-darwin"), "export", dir)
+        expect(status).to be_success, out
+        config = RbConfig::CONFIG
+        exported = File.join(dir, config["arch"][/\A[^-]+/], RUBY_VERSION[/\A\d+\.\d+/])
+        under = ->(path) { File.join(exported, path.delete_prefix("#{config['prefix']}/")) }
+        expect(File.read(under.call(File.join(config["rubyarchdir"], "rbconfig.rb"))))
+          .to eq(File.read(File.join(config["rubyarchdir"], "rbconfig.rb")))
+        expect(File.exist?(File.join(under.call(config["rubyhdrdir"]), "ruby", "version.h"))).to be(true)
+        expect(File.exist?(File.join(under.call(config["rubyarchhdrdir"]), "ruby", "config.h"))).to be(true)
+        expect(Dir[File.join(exported, "**", "rbconfig.rb")].size).to eq(1)
+      end
+    end
+
     it "are named without a darwin version" do
       expect(darwin_gems).to eq(%w[arm64-darwin x86_64-darwin])
       expect(darwin_gems.map { |platform| Gem::Platform.new(platform.split("-", 3)).version }).to eq([nil, nil])
