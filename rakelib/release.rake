@@ -17,8 +17,9 @@ namespace :release do
       abort "release:gems: the darwin gems need every minor: Ruby #{missing.join(', ')} has neither " \
             "#{missing.map { |minor| "PGBUS_HUB_RUBY_SRC_#{minor.tr('.', '_')}" }.join(', ')} nor files in PGBUS_HUB_DARWIN_RUBIES"
     end
-    dirty = `git -C #{ROOT} status --porcelain --untracked-files=no`
-    abort "release:gems: the checkout has changes; a release is built from a commit:\n#{dirty}" unless $?.success? && dirty.empty?
+    dirty = IO.popen(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], &:read)
+    abort "release:gems: git status failed in #{ROOT}" unless $?.success?
+    abort "release:gems: the checkout has changes; a release is built from a commit:\n#{dirty}" unless dirty.empty?
     abort "release:gems: set PGBUS_HUB_RUBY40 to a Ruby 4.0's bin/ruby (the -gnu gem carries 4.0)" unless ruby40
 
     rm_f Dir[File.join(PKG, "*.gem")] + [File.join(PKG, "SHA256SUMS")]
