@@ -3,16 +3,23 @@
 # One command for a release's gems (issue 55 item 5): the source gem and every
 # precompiled one, each checked, then their SHA-256 sums. Needs what each part
 # needs: root (the chroots), PostgreSQL (rake packaging's install checks), a
-# Ruby 4.0 (PGBUS_HUB_RUBY40) and the Ruby sources of the darwin gems
-# (PGBUS_HUB_RUBY_SRC_3_3, _3_4, _4_0). Offline but for those sources, once the
-# chroots, the crates and the tools are cached.
+# Ruby 4.0 (PGBUS_HUB_RUBY40) and a darwin Ruby for each of 3.3, 3.4 and 4.0
+# (rake native:darwin: a source, or the files bin/cross-darwin export copied from
+# a darwin Ruby, as .github/workflows/release.yml gives them). Offline but for
+# those, once the chroots, the crates and the tools are cached.
 namespace :release do
   desc "The source gem and the 6 platform gems (x86_64/aarch64 -gnu and -musl, arm64/x86_64 darwin), each " \
        "checked (rake packaging, native:aarch64's qemu runs, native:darwin's Mach-O checks), then pkg/SHA256SUMS; " \
-       "needs PGBUS_HUB_RUBY40 and PGBUS_HUB_RUBY_SRC_3_3/_3_4/_4_0"
+       "needs PGBUS_HUB_RUBY40 and, for each of 3.3, 3.4, 4.0, PGBUS_HUB_RUBY_SRC_<minor> or PGBUS_HUB_DARWIN_RUBIES' files"
   task :gems do
-    missing = DARWIN_MINORS - darwin_sources.keys
-    abort "release:gems: the darwin gems need every Ruby source: set #{missing.map { |minor| "PGBUS_HUB_RUBY_SRC_#{minor.tr('.', '_')}" }.join(', ')}" unless missing.empty?
+    missing = DARWIN_MINORS - darwin_rubies.keys
+    unless missing.empty?
+      abort "release:gems: the darwin gems need every minor: Ruby #{missing.join(', ')} has neither " \
+            "#{missing.map { |minor| "PGBUS_HUB_RUBY_SRC_#{minor.tr('.', '_')}" }.join(', ')} nor files in PGBUS_HUB_DARWIN_RUBIES"
+    end
+    dirty = IO.popen(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], &:read)
+    abort "release:gems: git status failed in #{ROOT}" unless $?.success?
+    abort "release:gems: the checkout has changes; a release is built from a commit:\n#{dirty}" unless dirty.empty?
     abort "release:gems: set PGBUS_HUB_RUBY40 to a Ruby 4.0's bin/ruby (the -gnu gem carries 4.0)" unless ruby40
 
     rm_f Dir[File.join(PKG, "*.gem")] + [File.join(PKG, "SHA256SUMS")]

@@ -265,13 +265,31 @@ RSpec.describe "platforms" do
       Gem.platforms = saved
     end
 
-    it "rake native:darwin without a Ruby source says what to set and builds nothing" do
-      env = ENV.keys.grep(/\APGBUS_HUB_RUBY_SRC_/).to_h { |key| [key, nil] }
+    it "rake native:darwin without a darwin Ruby says what to set and builds nothing" do
+      env = ENV.keys.grep(/\APGBUS_HUB_(RUBY_SRC_|DARWIN_RUBIES\z)/).to_h { |key| [key, nil] }
       out, status = Open3.capture2e(env, RbConfig.ruby, "-S", "rake", "native:darwin", chdir: ROOT)
       expect(status).to be_success, out
-      expect(out.strip).to eq("native:darwin: skipped, no Ruby source given: set PGBUS_HUB_RUBY_SRC_3_3, " \
+      expect(out.strip).to eq("native:darwin: skipped, no darwin Ruby given: set PGBUS_HUB_RUBY_SRC_3_3, " \
                               "PGBUS_HUB_RUBY_SRC_3_4 and/or PGBUS_HUB_RUBY_SRC_4_0 to Ruby 3.3 / 3.4 / 4.0 source " \
-                              "directories (docs/development.md)")
+                              "directories, or PGBUS_HUB_DARWIN_RUBIES to a directory of bin/cross-darwin export's " \
+                              "files (docs/development.md)")
+    end
+
+    # What the workflows' macOS jobs upload for the Linux build: run here on this Ruby, whose layout
+    # (Debian's multiarch paths) is no darwin one, the files must stand where its RbConfig says.
+    it "bin/cross-darwin export copies rbconfig.rb and both header directories at their paths under the prefix" do
+      Dir.mktmpdir("pgbus-hub-export") do |dir|
+        out, status = Open3.capture2e(File.join(ROOT, "bin", "cross-darwin"), "export", dir)
+        expect(status).to be_success, out
+        config = RbConfig::CONFIG
+        exported = File.join(dir, config["arch"][/\A[^-]+/], RUBY_VERSION[/\A\d+\.\d+/])
+        under = ->(path) { File.join(exported, path.delete_prefix("#{config['prefix']}/")) }
+        expect(File.read(under.call(File.join(config["rubyarchdir"], "rbconfig.rb"))))
+          .to eq(File.read(File.join(config["rubyarchdir"], "rbconfig.rb")))
+        expect(File.exist?(File.join(under.call(config["rubyhdrdir"]), "ruby", "version.h"))).to be(true)
+        expect(File.exist?(File.join(under.call(config["rubyarchhdrdir"]), "ruby", "config.h"))).to be(true)
+        expect(Dir[File.join(exported, "**", "rbconfig.rb")].size).to eq(1)
+      end
     end
 
     it "are named without a darwin version" do
