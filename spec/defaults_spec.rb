@@ -8,7 +8,7 @@ RSpec.describe "Pgbus::Hub::DEFAULTS" do
                                        durable_queue_limit: 256, hard_queue_limit: 1024,
                                        max_channels_per_connection: 10_000, max_channels: 50_000,
                                        status_interval: 1.0, metrics_port: nil, metrics_bind: "127.0.0.1",
-                                       ack_timeout: 2.0)
+                                       standby: false, ack_timeout: 2.0)
     expect(Pgbus::Hub::DEFAULTS).to be_frozen
     expect(Pgbus::Hub::DEFAULTS.values.grep(String)).to all(be_frozen)
   end

@@ -37,6 +37,18 @@ RSpec.describe Pgbus::Hub::Listener do
     expect(l.stats).to include(state: :standalone, listener_state: :listening, channels: 1, healthy: true)
   end
 
+  # Issue 57: a worker's own connection takes standby: true too (after a fail-over, or without a hub).
+  it "runs a standby beside its own connection with standby: true, and says so in its stats" do
+    queue = Queue.new
+    l = listener(queue: queue, standby: true).start
+    expect(l.ensure_listening("pgbus_standby_own")).to eq(:done)
+    wait_for("the standby aligned") { l.stats[:standby_aligned] }
+    expect(l.stats).to include(listen_connections: 2, standby_promotions: 0)
+    TestDatabase.notify("pgbus_standby_own", "once")
+    expect(pop(queue)).to have_attributes(queue_name: "pgbus_standby_own", payload: "once")
+    expect { listener(standby: "yes") }.to raise_error(ArgumentError, 'Listener: standby must be true or false, got "yes"')
+  end
+
   # `rake bench` once saw a fresh listener answer nil (its first LISTEN not
   # confirmed within listen_ack_timeout): fresh listeners in a row, and at once
   # in forked children (the first connect racing the first LISTEN), all confirm.

@@ -94,6 +94,31 @@ RSpec.describe Pgbus::Hub::MasterHub do
     wait_for("listen connection closed") { TestDatabase.census == before }
   end
 
+  # Issue 57: standby: true reaches the engine (2 pgbus-listen backends, and stats say so);
+  # anything but true or false is refused by name, here and in Pgbus::Hub.configure.
+  it "takes standby: true (2 LISTEN connections in the census and the stats) and refuses another value" do
+    before = TestDatabase.census
+    hub = start_hub(standby: true)
+    wait_for("the standby aligned") { hub.stats[:standby_aligned] && hub.stats[:listen_connections] == 2 }
+    expect(TestDatabase.census).to eq(before + 2)
+    expect(hub.stats).to include(listen_connections: 2, standby_promotions: 0)
+    %w[true yes].push(1, nil).each do |bad|
+      expect { described_class.new(connection: TestDatabase.url, socket_path: "/x", standby: bad) }
+        .to raise_error(ArgumentError, "MasterHub: standby must be true or false, got #{bad.inspect}")
+    end
+    expect { Pgbus::Hub.configure { |c| c.standby = "false" } }
+      .to raise_error(ArgumentError, 'Pgbus::Hub.configure: standby must be true or false, got "false"')
+    expect(Pgbus::Hub.configure { |c| c.standby = true }.master_options).to include(standby: true)
+  ensure
+    Pgbus::Hub.instance_variable_set(:@configuration, nil)
+  end
+
+  it "counts 1 LISTEN connection without standby" do
+    hub = start_hub
+    wait_for("listening") { hub.stats[:listener_healthy] }
+    expect(hub.stats).to include(listen_connections: 1, standby_aligned: false, standby_promotions: 0)
+  end
+
   it "is inert in a forked child: stop there leaves the parent's hub serving" do
     hub = start_hub
     peer = WirePeer.new(hub.socket_path)

@@ -48,6 +48,7 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
         value.freeze(); // shared by every configuration that keeps the default
         defaults.aset(ruby.to_symbol(key), value)?;
     }
+    defaults.aset(ruby.to_symbol("standby"), listener::DEFAULT_STANDBY)?;
     defaults.aset(
         ruby.to_symbol("durable_queue_limit"),
         hub::DEFAULT_DURABLE_QUEUE_LIMIT,

@@ -205,6 +205,16 @@ impl RbFailoverListener {
                 ruby.to_symbol("abandoned_connections"),
                 stats.abandoned_connections(),
             )?;
+            // The own connection's census (2 with standby while the standby is up).
+            hash.aset(
+                ruby.to_symbol("listen_connections"),
+                stats.listen_connections(),
+            )?;
+            hash.aset(ruby.to_symbol("standby_aligned"), stats.standby_aligned())?;
+            hash.aset(
+                ruby.to_symbol("standby_promotions"),
+                stats.standby_promotions(),
+            )?;
             hash.aset(ruby.to_symbol("notifications"), stats.notifications())?;
             hash.aset(ruby.to_symbol("channels"), stats.channels())?;
             hash.aset(ruby.to_symbol("backend_pid"), stats.backend_pid())?;

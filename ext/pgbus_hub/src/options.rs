@@ -83,9 +83,11 @@ enum Kind {
     Text,
     /// A TCP port (0: any free one), or nil for none.
     Port,
+    /// true or false (nothing else: a typo such as "false" would read as true).
+    Flag,
 }
 
-use Kind::{Count, Object, Port, Queue, Required, RequiredText, Seconds, Text};
+use Kind::{Count, Flag, Object, Port, Queue, Required, RequiredText, Seconds, Text};
 
 const MASTER_HUB: &[(&str, Kind)] = &[
     ("connection", Required),
@@ -100,6 +102,7 @@ const MASTER_HUB: &[(&str, Kind)] = &[
     ("max_channels", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),
+    ("standby", Flag),
     ("metrics_port", Port),
     ("metrics_bind", Text),
 ];
@@ -113,6 +116,7 @@ const LISTENER: &[(&str, Kind)] = &[
     ("health_check_ms", Count),
     ("channel_prefix", Text),
     ("channel_suffix", Text),
+    ("standby", Flag),
 ];
 
 /// The keywords of each Ruby constructor that takes options, and of
@@ -189,6 +193,12 @@ fn check(ruby: &Ruby, owner: &str, key: &str, kind: Kind, value: Value) -> Resul
                 "a port (an Integer, 0 to 65535; 0: any free one) or nil",
             )),
         },
+        Flag if value.is_kind_of(ruby.class_true_class())
+            || value.is_kind_of(ruby.class_false_class()) =>
+        {
+            Ok(value)
+        }
+        Flag => Err(refused("true or false")),
         RequiredText | Text if RString::from_value(value).is_some() => Ok(value),
         RequiredText | Text => Err(Error::new(
             ruby.exception_type_error(),
@@ -399,6 +409,7 @@ pub struct ListenerOptions {
     health_check: Duration,
     channel_prefix: String,
     channel_suffix: String,
+    standby: bool,
 }
 
 impl ListenerOptions {
@@ -409,6 +420,7 @@ impl ListenerOptions {
             health_check: Duration::from_millis(health_check_ms),
             channel_prefix: get(ruby, resolved, "channel_prefix")?,
             channel_suffix: get(ruby, resolved, "channel_suffix")?,
+            standby: get(ruby, resolved, "standby")?,
         })
     }
 
@@ -418,6 +430,7 @@ impl ListenerOptions {
             health_check: self.health_check,
             channel_prefix: self.channel_prefix.clone(),
             channel_suffix: self.channel_suffix.clone(),
+            standby: self.standby,
             log,
         }
     }

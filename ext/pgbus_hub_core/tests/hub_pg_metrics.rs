@@ -217,3 +217,104 @@ fn a_hub_replaced_in_the_same_process_keeps_counting_up() {
     assert_eq!(elsewhere.stats().subscribe_ack.count, 0);
     assert_eq!(elsewhere.stats().frames_sent, 0);
 }
+
+/// Issue 57 items 1–2: a hub with `standby` LISTENs on 2 connections (the
+/// census, `stats` and the metrics say so); its serving backend terminated,
+/// the standby serves on from where that one stopped: a stream of numbered
+/// NOTIFYs reaches the worker every number once, in order, no catch-up
+/// wake, 1 promotion, 0 reconnects, and a new standby makes 2 again.
+#[test]
+fn a_hub_with_standby_counts_two_connections_and_a_promotion_loses_nothing() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let mut config = with_metrics(fx.config("standby"), 0);
+    config.listener.standby = true;
+    let hub = MasterHub::start(config).unwrap();
+    let address = hub.stats().metrics_address.unwrap();
+    let queue = format!("standby_{}", std::process::id());
+    let mut peer = Peer::connect(&hub);
+    peer.subscribe(&queue);
+    wait_until("the standby aligned", || {
+        let stats = hub.stats();
+        stats.standby_aligned && stats.listen_connections == 2
+    });
+    assert_eq!(fx.census(), 2, "2 pgbus-listen backends with standby");
+    let scrape = request(address, "GET", "/metrics");
+    for expected in [
+        "pgbus_hub_listen_connections 2",
+        "pgbus_hub_standby_promotions_total 0",
+    ] {
+        assert!(
+            samples(&scrape).contains(&expected),
+            "{expected} in {scrape}"
+        );
+    }
+
+    // A second session NOTIFYs numbered payloads every 3 ms until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (url, channel_queue, stopping) = (fx.url.clone(), queue.clone(), stop.clone());
+    let stream = std::thread::spawn(move || {
+        let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut sent = 0u32;
+        while sent < 20_000 && !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            support_pg::notify(&mut sql, &channel_queue, &sent.to_string());
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let serving = hub.stats().backend.unwrap().pid;
+    let terminated: bool = fx
+        .sql
+        .query_one(
+            "select pg_terminate_backend(pid) from pg_stat_activity \
+             where pid = $1 and application_name = $2",
+            &[&i32::try_from(serving).unwrap(), &fx.tag],
+        )
+        .unwrap()
+        .get(0);
+    assert!(terminated, "the serving backend {serving} terminated");
+    wait_until("a promotion and a new standby aligned", || {
+        let stats = hub.stats();
+        stats.standby_promotions == 1 && stats.standby_aligned && stats.listen_connections == 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = stream.join().unwrap();
+    assert!(sent < 20_000, "the stream ran out before the end");
+
+    let mut numbers = Vec::new();
+    while numbers.last() != Some(&(sent - 1)) {
+        match peer.next_non_status() {
+            Some(Message::Wake(wake)) => {
+                assert_eq!(wake.queue.as_ref(), queue.as_str());
+                let payload = wake.payload.expect("no catch-up wake: nothing was lost");
+                numbers.push(payload.parse::<u32>().unwrap());
+            }
+            other => panic!(
+                "expected a wake, got {other:?} after {} numbers",
+                numbers.len()
+            ),
+        }
+    }
+    assert_eq!(
+        numbers,
+        (0..sent).collect::<Vec<_>>(),
+        "once each, in order"
+    );
+    let stats = hub.stats();
+    assert_eq!((stats.standby_promotions, stats.reconnects), (1, 0));
+    assert_ne!(stats.backend.unwrap().pid, serving, "the standby serves");
+    assert_eq!(fx.census(), 2, "a new standby beside the promoted one");
+    let scrape = request(address, "GET", "/metrics");
+    for expected in [
+        "pgbus_hub_listen_connections 2",
+        "pgbus_hub_standby_promotions_total 1",
+        "pgbus_hub_reconnects_total 0",
+    ] {
+        assert!(
+            samples(&scrape).contains(&expected),
+            "{expected} in {scrape}"
+        );
+    }
+}

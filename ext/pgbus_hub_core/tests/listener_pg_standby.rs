@@ -86,6 +86,7 @@ fn collected_logged(
     let mut config = ListenerConfig::new(options.clone().with_application_name(name), log);
     config.channel_prefix = String::new();
     config.channel_suffix = String::new();
+    config.standby = standby;
     let seen: Shared = Arc::default();
     let into = Arc::clone(&seen);
     let on_event = move |event: Event| {
@@ -99,11 +100,7 @@ fn collected_logged(
             Event::Healthy(true) | Event::Marker(_) => {}
         }
     };
-    let (handle, stats, join) = if standby {
-        listener::spawn_standby(config, Start::default(), on_event)
-    } else {
-        listener::spawn_with(config, Start::default(), on_event)
-    };
+    let (handle, stats, join) = listener::spawn_with(config, Start::default(), on_event);
     // Collected into `seen` only: the events channel has no sender.
     let (_, events) = mpsc::unbounded_channel();
     let engine = Engine {

@@ -9,7 +9,7 @@ module ActionCable
     # `adapter: pgbus_hub` in config/cable.yml (README, "Quick start for ActionCable"): Rails'
     # postgresql adapter on the wire, but every Puma worker of a host LISTENs
     # through the master hub's one connection; without a hub, on its own.
-    # Keys: channel_prefix, url, listen_scope, health_check_ms.
+    # Keys: channel_prefix, url, listen_scope, health_check_ms, standby.
     class PgbusHub < Base
       prepend ChannelPrefix
 
@@ -21,7 +21,7 @@ module ActionCable
                      Pgbus::Hub.active_record_connection(::ActiveRecord::Base.connection_db_config.configuration_hash)
         Pgbus::Hub.configuration.master_options(
           scope: (settings["listen_scope"] || :master).to_sym, source: "actioncable", connection: connection,
-          **settings.slice("health_check_ms").transform_keys(&:to_sym)
+          **settings.slice("health_check_ms", "standby").transform_keys(&:to_sym)
         )
       end
 

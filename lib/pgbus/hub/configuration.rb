@@ -74,7 +74,9 @@ module Pgbus
       end
 
       # What a worker's listener takes of the hub +options+ describe.
-      def listener_keywords(options) = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix)
+      # standby: a worker's own connection (after a fail-over, or without a hub) gets a standby too.
+      def listener_keywords(options) = options.slice(:connection, :health_check_ms, :channel_prefix, :channel_suffix,
+                                                     :standby)
     end
   end
 end

@@ -136,6 +136,7 @@ const GAUGES: &[(&str, &str, &str)] = &[
     ("worker_processes", "pgbus_hub_worker_processes", "Processes holding those connections (distinct peer pids)."),
     ("channels", "pgbus_hub_channels", "Channels the hub LISTENs on for its workers (the host-wide LISTEN set)."),
     ("raw_channels", "pgbus_hub_raw_channels", "Of those, raw channels LISTENed verbatim (ActionCable's)."),
+    ("listen_connections", "pgbus_hub_listen_connections", "The hub's LISTEN connections: 1, 2 with standby while the standby is up (2 during a handover)."),
     ("census", "pgbus_hub_census", "pgbus-listen connections from this host to the hub's database (pgbus-hub status --database-url only)."),
     ("uptime", "pgbus_hub_uptime_seconds", "Seconds since the hub started."),
 ];
@@ -156,6 +157,11 @@ const COUNTERS: &[(&str, &str, &str)] = &[
         "abandoned_connections",
         "pgbus_hub_abandoned_connections_total",
         "Given-up connections closed before they could hand their backlog over.",
+    ),
+    (
+        "standby_promotions",
+        "pgbus_hub_standby_promotions_total",
+        "Serving LISTEN connections lost while a standby was aligned: the standby served on from where they stopped (nothing lost).",
     ),
     (
         "listener_restarts",
@@ -455,6 +461,8 @@ mod tests {
         let stats = HubStats {
             workers: 3,
             evicted_workers: 2,
+            listen_connections: 2,
+            standby_promotions: 1,
             subscribe_ack: AckHistogram::new().snapshot(),
             ..HubStats::default()
         };
@@ -464,6 +472,8 @@ mod tests {
             "pgbus_hub_up 0",
             "pgbus_hub_workers 3",
             "pgbus_hub_evicted_workers_total 2",
+            "pgbus_hub_listen_connections 2",
+            "pgbus_hub_standby_promotions_total 1",
             "pgbus_hub_listener_state{state=\"connecting\"} 1",
             "pgbus_hub_listener_state{state=\"listening\"} 0",
             "pgbus_hub_subscribe_ack_seconds_bucket{le=\"0.00005\"} 0",

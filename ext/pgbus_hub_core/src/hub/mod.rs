@@ -104,6 +104,14 @@ pub struct HubStats {
     pub handovers: u64,
     /// Given-up connections closed before they could hand their backlog over.
     pub abandoned_connections: u64,
+    /// The LISTEN engine's connections that LISTEN (the census from inside):
+    /// 1, 2 with `standby` while the standby is up (docs/architecture.md, "Standby").
+    pub listen_connections: usize,
+    /// A standby is up and aligned: the serving connection's loss is covered.
+    pub standby_aligned: bool,
+    /// Serving connections lost while a standby was aligned: the standby
+    /// served on from where they stopped, nothing lost (no reconnect counted).
+    pub standby_promotions: u64,
     pub wakes_received: u64,
     pub frames_sent: u64,
     pub dropped_durable_wakes: u64,
@@ -159,6 +167,9 @@ impl HubStats {
         put("reconnects", self.reconnects.into());
         put("handovers", self.handovers.into());
         put("abandoned_connections", self.abandoned_connections.into());
+        put("listen_connections", self.listen_connections.into());
+        put("standby_aligned", self.standby_aligned.into());
+        put("standby_promotions", self.standby_promotions.into());
         put("wakes_received", self.wakes_received.into());
         put("frames_sent", self.frames_sent.into());
         put("dropped_durable_wakes", self.dropped_durable_wakes.into());
@@ -268,6 +279,9 @@ impl HubShared {
             reconnects: listener.map_or(0, ListenerStats::reconnects),
             handovers: listener.map_or(0, ListenerStats::handovers),
             abandoned_connections: listener.map_or(0, ListenerStats::abandoned_connections),
+            listen_connections: listener.map_or(0, ListenerStats::listen_connections),
+            standby_aligned: listener.is_some_and(ListenerStats::standby_aligned),
+            standby_promotions: listener.map_or(0, ListenerStats::standby_promotions),
             wakes_received: self.wakes_received.load(Ordering::Relaxed),
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             dropped_durable_wakes: self.backpressure.dropped(),

@@ -23,6 +23,7 @@ pub(crate) struct Totals {
     reconnects: u64,
     handovers: u64,
     abandoned_connections: u64,
+    standby_promotions: u64,
     wakes_received: u64,
     frames_sent: u64,
     dropped_durable_wakes: u64,
@@ -50,6 +51,7 @@ impl Totals {
             reconnects: stats.reconnects,
             handovers: stats.handovers,
             abandoned_connections: stats.abandoned_connections,
+            standby_promotions: stats.standby_promotions,
             wakes_received: stats.wakes_received,
             frames_sent: stats.frames_sent,
             dropped_durable_wakes: stats.dropped_durable_wakes,
@@ -69,6 +71,7 @@ impl Totals {
         stats.reconnects += self.reconnects;
         stats.handovers += self.handovers;
         stats.abandoned_connections += self.abandoned_connections;
+        stats.standby_promotions += self.standby_promotions;
         stats.wakes_received += self.wakes_received;
         stats.frames_sent += self.frames_sent;
         stats.dropped_durable_wakes += self.dropped_durable_wakes;

@@ -109,7 +109,7 @@ pub(super) struct Engine<F> {
     stop_at: Option<String>,
     /// That marker was delivered: nothing more is.
     stopped_at_cut: bool,
-    /// The standby connection (off unless [`super::spawn_standby`]).
+    /// The standby connection (off unless [`ListenerConfig::standby`]).
     standby: standby::Standby,
     /// Where the serving connection and the standby stand relative to the
     /// standby's alignment markers.
@@ -134,6 +134,7 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
         stats.channels.store(0, Ordering::Relaxed);
         let handover = handover::Handover::new(config.health_check);
         stats.set_private_channel(handover.channel());
+        let standby = standby::Standby::new(config.standby);
         Self {
             config,
             stats,
@@ -150,16 +151,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
             start_cut: None,
             stop_at: None,
             stopped_at_cut: false,
-            standby: standby::Standby::new(false),
+            standby,
             alignment: alignment::Alignment::new(),
             deferred: std::collections::BTreeSet::new(),
         }
-    }
-
-    /// With a standby connection (docs/architecture.md, "Standby").
-    pub(super) fn with_standby(mut self, enabled: bool) -> Self {
-        self.standby = standby::Standby::new(enabled);
-        self
     }
 
     /// The set and the cut of the first transaction (see [`Start`]).

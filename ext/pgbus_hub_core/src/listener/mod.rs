@@ -60,6 +60,10 @@ pub fn listen_ack_timeout(health_check: Duration) -> Duration {
 pub const DEFAULT_CHANNEL_PREFIX: &str = "pgmq.q_";
 pub const DEFAULT_CHANNEL_SUFFIX: &str = ".INSERT";
 
+/// No standby unless asked for: one LISTEN connection per engine (issue 57;
+/// what a second one costs is not measured yet).
+pub const DEFAULT_STANDBY: bool = false;
+
 #[derive(Clone, Debug)]
 pub struct ListenerConfig {
     pub connection: ConnectionOptions,
@@ -69,17 +73,22 @@ pub struct ListenerConfig {
     pub channel_prefix: String,
     /// `".INSERT"` by default.
     pub channel_suffix: String,
+    /// A second LISTEN connection, aligned with the serving one by a marker,
+    /// that serves from exactly where the serving one stopped when that one is
+    /// lost (docs/architecture.md, "Standby"). [`DEFAULT_STANDBY`]: off.
+    pub standby: bool,
     pub log: LogSink,
 }
 
 impl ListenerConfig {
-    /// pgbus's defaults (pgmq channel names, 250 ms health check).
+    /// pgbus's defaults (pgmq channel names, 250 ms health check, no standby).
     pub fn new(connection: ConnectionOptions, log: LogSink) -> Self {
         Self {
             connection,
             health_check: DEFAULT_HEALTH_CHECK,
             channel_prefix: DEFAULT_CHANNEL_PREFIX.to_string(),
             channel_suffix: DEFAULT_CHANNEL_SUFFIX.to_string(),
+            standby: DEFAULT_STANDBY,
             log,
         }
     }
@@ -468,7 +477,7 @@ impl ListenerStats {
         self.abandoned_connections.load(Ordering::Relaxed)
     }
     /// This engine's connections that LISTEN: the serving one, a standby
-    /// (with [`spawn_standby`]), a given-up one read on for a handover.
+    /// (with [`ListenerConfig::standby`]), a given-up one read on for a handover.
     pub fn listen_connections(&self) -> usize {
         self.listen_connections.load(Ordering::Relaxed)
     }
@@ -574,40 +583,9 @@ pub fn spawn_with(
         config,
         Arc::new(ListenerStats::default()),
         start,
-        Options::default(),
+        false,
         on_event,
     )
-}
-
-/// [`spawn_with`] and the option `standby`: a second connection LISTENs the
-/// same set, aligned with the serving one by a marker, and serves from
-/// exactly where the serving one stopped when that one is lost
-/// (docs/architecture.md, "Standby"; issue 57).
-pub fn spawn_standby(
-    config: ListenerConfig,
-    start: Start,
-    on_event: impl FnMut(Event) + Send + 'static,
-) -> Spawned {
-    let options = Options {
-        standby: true,
-        ..Options::default()
-    };
-    spawn_engine(
-        config,
-        Arc::new(ListenerStats::default()),
-        start,
-        options,
-        on_event,
-    )
-}
-
-/// How an engine runs, beside its config and its start.
-#[derive(Clone, Copy, Debug, Default)]
-struct Options {
-    /// Its first connection is a reconnect ([`respawn`]).
-    resumed: bool,
-    /// A standby connection ([`spawn_standby`]).
-    standby: bool,
 }
 
 /// A new engine in place of one whose task ended: it publishes into the old
@@ -620,18 +598,14 @@ pub fn respawn(
     stats: Arc<ListenerStats>,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
-    let options = Options {
-        resumed: true,
-        ..Options::default()
-    };
-    spawn_engine(config, stats, Start::default(), options, on_event)
+    spawn_engine(config, stats, Start::default(), true, on_event)
 }
 
 fn spawn_engine(
     config: ListenerConfig,
     stats: Arc<ListenerStats>,
     start: Start,
-    options: Options,
+    resumed: bool,
     on_event: impl FnMut(Event) + Send + 'static,
 ) -> Spawned {
     let (commands, receiver) = mpsc::unbounded_channel();
@@ -641,13 +615,8 @@ fn spawn_engine(
         stop: Arc::new(trigger),
     };
     let engine = engine::Engine::new(config, stats.clone(), receiver, shutdown, on_event)
-        .starting_with(start)
-        .with_standby(options.standby);
-    let engine = if options.resumed {
-        engine.resumed()
-    } else {
-        engine
-    };
+        .starting_with(start);
+    let engine = if resumed { engine.resumed() } else { engine };
     let join = tokio::spawn(engine.run());
     (handle, stats, join)
 }

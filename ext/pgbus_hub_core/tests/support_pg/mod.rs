@@ -20,6 +20,7 @@ pub fn listener_config(url: &str, tag: &str, log: LogSink) -> ListenerConfig {
         health_check: Duration::from_millis(100),
         channel_prefix: "pgmq.q_".into(),
         channel_suffix: ".INSERT".into(),
+        standby: false,
         log,
     }
 }
