@@ -212,9 +212,15 @@ fn stats(ruby: &Ruby, args: &[Value]) -> Result<Option<RHash>, Error> {
     }
     let timeout = Duration::try_from_secs_f64(timeout.unwrap_or(STATS_TIMEOUT_SECONDS))
         .map_err(|_| crate::errors::arg_error(ruby, "timeout must be a positive number"))?;
-    let answer = nogvl_cancellable(move |cancelled| {
-        pgbus_hub_core::client::request_stats(socket_path.as_ref(), timeout, cancelled)
-    })
+    // Resumed after a wake-up with nothing pending (Ruby calls the unblock function for
+    // more than Thread#kill and Thread#raise): `pgbus-hub status` got nil so, 3 times in 86.
+    // Any error seen after an interrupt may be the interrupt's (a cut write reads as closed).
+    let answer = nogvl_resuming(
+        ruby,
+        timeout,
+        |cancelled| pgbus_hub_core::client::request_stats(socket_path.as_ref(), timeout, cancelled),
+        Result::is_err,
+    )?
     .ok_or_else(|| panicked(ruby, "Pgbus::Hub.stats"))?;
     if answer.interrupted {
         return Ok(None); // never raise over Ruby's pending interrupt
