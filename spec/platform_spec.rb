@@ -278,8 +278,15 @@ RSpec.describe "platforms" do
     # What the workflows' macOS jobs upload for the Linux build: run here on this Ruby, whose layout
     # (Debian's multiarch paths) is no darwin one, the files must stand where its RbConfig says.
     it "bin/cross-darwin export copies rbconfig.rb and both header directories at their paths under the prefix" do
-      Dir.mktmpdir("pgbus-hub-export") do |dir|
-        out, status = Open3.capture2e(File.join(ROOT, "bin", "cross-darwin"), "export", dir)
+      Dir.mktmpdir("pgbus-hub-export") do |tmp|
+        # export runs the `ruby` on PATH (setup-ruby's on a Mac): this suite's Ruby here (the sid
+        # chroot's `ruby` is 3.3 while the suite runs on ruby3.4).
+        bin = File.join(tmp, "bin")
+        FileUtils.mkdir_p(bin)
+        File.symlink(RbConfig.ruby, File.join(bin, "ruby"))
+        dir = File.join(tmp, "export")
+        out, status = Open3.capture2e({ "PATH" => "#{bin}:#{ENV.fetch('PATH')}" },
+                                      File.join(ROOT, "bin", "cross-darwin"), "export", dir)
         expect(status).to be_success, out
         config = RbConfig::CONFIG
         exported = File.join(dir, config["arch"][/\A[^-]+/], RUBY_VERSION[/\A\d+\.\d+/])

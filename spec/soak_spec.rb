@@ -40,6 +40,26 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
     expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
   end
 
+  # Issue 57: the LISTEN backend terminated under a stream fast enough that the re-LISTEN gap loses
+  # messages without a standby (150 messages/s: 512 lost in 9 terminates, issue 57); with one, the
+  # standby serves on from the serving connection's last notification.
+  it "with a standby loses and doubles nothing while connected through terminate_listen at 150 messages/s" do
+    standby_form = SHORT_FORM.merge("PGBUS_SOAK_STANDBY" => "1", "PGBUS_SOAK_FAULTS" => "terminate_listen",
+                                    "PGBUS_SOAK_RATE" => "150", "PGBUS_SOAK_MINUTES" => "1", "PGBUS_SOAK_INTERVAL" => "20")
+    settings = Soak::Settings.from_env(standby_form.merge(ENV.to_h.select { |key, _| key.start_with?("PGBUS_SOAK_") }))
+    data = Soak::Runner.new(settings).run
+    expect(data[:settings]).to include(standby: true)
+    expect(data[:windows].map { |w| w[:fault] }).to eq(settings.faults.cycle.first(settings.fault_count))
+    data[:windows].each do |window|
+      hub = window[:apps].fetch("pgbus_hub")
+      expect(hub[:census][:settle_s]).not_to be_nil, "census not back to 2 after #{window[:fault]}: #{hub[:census]}"
+      expect(hub).to include(standby_promotions: 1, reconnects: 0) # the standby served on; no re-LISTEN
+      expect(hub[:lost_connected].values.sum).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
+      expect(hub[:duplicates]).to be_empty
+    end
+    expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
+  end
+
   # Issue 56: the hub as a `pgbus-hub serve` sidecar through its planned events, a deploy's new serve
   # replacing it and a stop with a new serve 20 s later: the workers move at markers both times.
   it "in serve mode loses and doubles nothing while connected through hub_restart and hub_stop" do

@@ -100,7 +100,7 @@ module Soak
     end
 
     # LISTEN backends of the app's database (the census) around fault i. Settled:
-    # the hub's 1; for Rails' adapter, at least one per worker serving a
+    # the hub's 1 (2 with a standby); for Rails' adapter, at least one per worker serving a
     # client (its listener is built on a worker's first subscription).
     def census(app, i)
       from = @starts[i]
@@ -112,7 +112,7 @@ module Soak
       after_fire = counts.select { |at, _, _| at >= fire }
       sessions = app.clients.flat_map(&:sessions)
       settled = lambda do |at, n|
-        next n == 1 if app.hub?
+        next n == app.listen_connections if app.hub?
 
         n >= sessions.select { |s| s.confirmed_at <= at && (s.ended_at.nil? || s.ended_at > at) }.map(&:pid).uniq.size
       end
@@ -134,7 +134,7 @@ module Soak
       new_backends = counts.flat_map { |_, _, pids| pids || [] }.uniq - before_pids
       changes = after_fire.chunk_while { |a, b| a[1] == b[1] }.map { |run| [(run[0][0] - fire).round(1), run[0][1]] }
       { census: { before: before && (before[1] ? before_pids.size : 0), peak: counts.map { |c| c[1] }.max,
-                  after: counts.last&.[](1), expected: app.hub? ? "1" : "1/serving worker", settle_s: settle,
+                  after: counts.last&.[](1), expected: app.hub? ? app.listen_connections.to_s : "1/serving worker", settle_s: settle,
                   changes: changes.first(20) },
         no_listen_max_s: longest.round(2), new_listen_backends: new_backends.size }
     end
@@ -148,7 +148,10 @@ module Soak
       # A hot restart (USR2) replaces the hub in the same pid: its counters start again.
       new_hub = app.hub? && stat.call(before, "uptime").to_f > stat.call(after, "uptime").to_f
       reconnects = now && was && (new_hub ? now : now - was)
-      { reconnects: app.hub? ? reconnects : nil, new_hub: new_hub,
+      # Serving connections lost while a standby stood by (SOAK_STANDBY): it served on.
+      promoted = [stat.call(before, "standby_promotions"), stat.call(after, "standby_promotions")]
+      promotions = (new_hub ? promoted[1] : promoted[1] - promoted[0]) if promoted.all?
+      { reconnects: app.hub? ? reconnects : nil, new_hub: new_hub, standby_promotions: promotions,
         worker_restarts: (after[:workers] - before[:workers]).size,
         rss_max_mb: [before, after].map { |s| ((s[:procs].map { |p| p[1] }.max || 0) / 1024.0).round(1) },
         fds_total: [before, after].map { |s| s[:procs].sum { |p| p[2] } } }
@@ -189,6 +192,7 @@ module Soak
         "longest without LISTEN" => "#{m[:no_listen_max_s]} s",
         "new LISTEN backends" => m[:new_listen_backends].to_s,
         "hub reconnects" => m[:reconnects].nil? ? "-" : "#{m[:reconnects]}#{m[:new_hub] ? ' (a new hub)' : ''}",
+        "standby promotions" => m[:standby_promotions].nil? ? "-" : m[:standby_promotions].to_s,
         "worker restarts" => m[:worker_restarts].to_s,
         "latency p50/p99/max ms" => m[:latency_ms].values.map { |v| v || "-" }.join("/"),
         "worker RSS max MB" => m[:rss_max_mb].join(" -> "),
@@ -200,7 +204,8 @@ module Soak
       adapters = data[:totals].keys
       out.puts "", "=== soak: #{data[:windows].size} faults, #{data[:duration_s]} s, #{data[:settings][:rate]} msg/s, " \
                "#{data[:settings][:clients]} WebSocket (+ #{data[:settings][:clients]} streaming HTTP on pgbus_hub) clients per app, " \
-               "hub: #{data[:settings][:hub] == 'serve' ? 'pgbus-hub serve (a sidecar)' : 'in the Puma master'} ==="
+               "hub: #{data[:settings][:hub] == 'serve' ? 'pgbus-hub serve (a sidecar)' : 'in the Puma master'}" \
+               "#{', with a standby LISTEN connection' if data[:settings][:standby]} ==="
       data[:windows].each_with_index do |w, i|
         out.puts "", format("%-2d %-16s at +%.1f s (%s)", i + 1, w[:fault], w[:at], JSON.generate(w[:detail]))
         cells = adapters.to_h { |a| [a, cell(w[:apps][a])] }

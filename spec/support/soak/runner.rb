@@ -30,8 +30,9 @@ module Soak
   # Settings, from PGBUS_SOAK_* (rake soak maps MINUTES and SOAK_* onto them:
   # only PGBUS_* variables pass into the chroot).
   # hub: where the app's hub runs, "puma" (the plugin starts it in the master) or "serve" (a
-  # `pgbus-hub serve` sidecar the master attaches to).
-  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, :logs, :hub,
+  # `pgbus-hub serve` sidecar the master attaches to). standby: the hub app's LISTEN connections
+  # with a standby (issue 57; its hub and its workers' own: 2 LISTEN connections per listener).
+  Settings = Struct.new(:minutes, :interval, :faults, :rate, :clients, :control, :report, :logs, :hub, :standby,
                         keyword_init: true) do
     def self.from_env(env = ENV)
       hub = env.fetch("PGBUS_SOAK_HUB", "puma")
@@ -46,7 +47,7 @@ module Soak
       new(minutes: Float(env.fetch("PGBUS_SOAK_MINUTES", "15")), interval: Float(env.fetch("PGBUS_SOAK_INTERVAL", "60")),
           faults: faults, rate: Float(env.fetch("PGBUS_SOAK_RATE", "20")), hub: hub,
           clients: Integer(env.fetch("PGBUS_SOAK_CLIENTS", "16")), control: env.fetch("PGBUS_SOAK_CONTROL", "1") != "0",
-          report: env["PGBUS_SOAK_REPORT"], logs: env["PGBUS_SOAK_LOGS"])
+          report: env["PGBUS_SOAK_REPORT"], logs: env["PGBUS_SOAK_LOGS"], standby: env.fetch("PGBUS_SOAK_STANDBY", "0") == "1")
     end
 
     def fault_count = [(minutes * 60 / interval).floor, 1].max
@@ -59,8 +60,9 @@ module Soak
 
     # cluster: the PumaCluster class to run (rake stops runs its own config); env: more variables for Puma;
     # hub: "serve" runs the hub app's hub as a `pgbus-hub serve` sidecar (start_sidecar, before Puma).
-    def initialize(adapter, pg, tag, cluster: PumaCluster, env: {}, hub: "puma")
+    def initialize(adapter, pg, tag, cluster: PumaCluster, env: {}, hub: "puma", standby: false)
       @adapter = adapter
+      @standby = standby && hub?
       @db = "soak_#{adapter}"
       @cable_room = "soak_#{tag}_cable"
       @stream_channel = "soak_#{tag}_stream"
@@ -70,18 +72,24 @@ module Soak
       env = { "PGBUS_E2E_RACKUP" => RACKUP, "SOAK_CABLE_ADAPTER" => adapter, "DATABASE_URL" => @url,
               "PGBUS_E2E_DATABASE_URL" => @url, "RAILS_ENV" => "production", "RAILS_LOG_TO_STDOUT" => "1", **env }
       env["PGBUS_STREAMS_HUB_SOCKET"] = @sidecar_socket if @sidecar_socket
+      env["SOAK_HUB_STANDBY"] = "1" if @standby
       @puma = cluster.new(mode: :standalone, plugins: hub? ? "pgbus_hub" : "", env: env)
       @clients = []
     end
 
     def hub? = @adapter == "pgbus_hub"
+    def standby? = @standby
     def sidecar? = !@sidecar_socket.nil?
-    def start_sidecar = (@sidecar = ServeProcess.new(@url, socket: @sidecar_socket) if sidecar?)
+    def start_sidecar = (@sidecar = new_sidecar if sidecar?)
+    def new_sidecar = ServeProcess.new(@url, socket: @sidecar_socket, args: @standby ? ["--standby"] : [])
+
+    # The hub's LISTEN connections when settled (the census): 2 with a standby.
+    def listen_connections = @standby ? 2 : 1
 
     # hub_restart: a new serve takes the socket over; the old one yields and exits by itself.
     def restart_sidecar
       older = @sidecar
-      @sidecar = ServeProcess.new(@url, socket: @sidecar_socket)
+      @sidecar = new_sidecar
       { older_exit: older.exited(timeout: 20)&.exitstatus }
     ensure
       older&.stop
@@ -93,7 +101,7 @@ module Soak
       status = @sidecar.stop("TERM")
       @sidecar.cleanup
       sleep seconds
-      @sidecar = ServeProcess.new(@url, socket: @sidecar_socket)
+      @sidecar = new_sidecar
       { stop_exit: status&.exitstatus, down_s: seconds }
     end
 
@@ -167,7 +175,7 @@ module Soak
       @pg = PrivateCluster.new(tcp: true, max_connections: 150)
       @pg.start
       adapters = @settings.control ? %w[pgbus_hub postgresql] : %w[pgbus_hub]
-      @apps = adapters.map { |adapter| App.new(adapter, @pg, "#{@tag}_#{adapter}", hub: @settings.hub) }
+      @apps = adapters.map { |adapter| App.new(adapter, @pg, "#{@tag}_#{adapter}", hub: @settings.hub, standby: @settings.standby) }
       admin = @pg.connect
       @apps.each { |app| admin.exec("create database #{app.db}") }
       admin.close
@@ -284,7 +292,14 @@ module Soak
              "and pid <> pg_backend_pid()"
       return "#{base} and not (pid = any($2::int[]))" unless listen_only
 
-      app.hub? ? "#{base} and application_name = 'pgbus-listen'" : "#{base} and application_name like 'ActionCable-PID-%'"
+      return "#{base} and application_name like 'ActionCable-PID-%'" unless app.hub?
+      return "#{base} and application_name = 'pgbus-listen'" unless app.standby?
+
+      # With a standby: the serving backend, the older of the two (a standby starts after the
+      # connection it stands by, and a promoted one's successor after it). Both at once is
+      # terminate_all's case.
+      "select count(pg_terminate_backend(pid)) from (select pid from pg_stat_activity where datname = $1 " \
+        "and application_name = 'pgbus-listen' order by backend_start limit 1) serving"
     end
 
 

@@ -20,6 +20,7 @@ if ADAPTER == "pgbus_hub"
       c.channel_prefix = ""
       c.channel_suffix = ""
       c.logger = Logger.new($stdout, level: Logger::INFO)
+      c.standby = true if ENV["SOAK_HUB_STANDBY"] == "1" # SOAK_STANDBY=1 (issue 57)
     end
   end
 end
