@@ -29,7 +29,7 @@ RSpec.describe "ActiveSupport::Notifications events" do
     expect(reconnects).to eq([{ state: :listening, queues: 0, reconnects: 1 }, { state: :listening, queues: 1, reconnects: 2 }])
     health = events.select { |name, _, _| name == "hub_health.pgbus_hub" }.map { |_, payload, _| payload }
     expect(health.first(2)).to eq([{ healthy: false }, { healthy: true }])
-    expect(first.call("drop.pgbus_hub")).to include(queue: "ev_flood", pid: Integer, connection: Integer)
+    expect(first.call("drop.pgbus_hub")).to include(queue: "ev_flood", pid: Integer, connection: Integer, wake: :durable)
     expect(first.call("drop.pgbus_hub")[:dropped]).to be >= 1
     expect(first.call("evict.pgbus_hub")).to include(reason: :not_draining, pid: Integer, connection: Integer)
     # The hub's stop moved the worker at a marker, and the new hub took it back at one: nothing to re-read.

@@ -38,7 +38,7 @@ RSpec.describe Pgbus::Hub::FailoverListener do
     expect([wake.queue_name, wake.payload]).to eq(%w[fo_spec hello])
     expect(listener.failed_over?).to be(false)
     expect(listener.state).to eq(:on_hub)
-    expect(listener.stats).to eq(state: :on_hub) # no local connection
+    expect(listener.stats).to eq(state: :on_hub, dropped_payloads: 0) # no local connection
     expect(listener.threads.map(&:name)).to contain_exactly("pgbus-hub listener pump", "pgbus-hub listener log")
     listener.stop
     expect(listener.threads).to eq([])

@@ -85,6 +85,7 @@ pub fn init(ruby: &Ruby, hub_module: RModule) -> Result<(), Error> {
     hub_module.const_set("LARGE_PAYLOAD_DDL", protocol::large_payload_ddl())?;
     hub_module.const_set("LARGE_PAYLOAD_INSERT", protocol::large_payload_insert())?;
     hub_module.const_set("NOTIFY_PAYLOAD_LIMIT", protocol::NOTIFY_PAYLOAD_LIMIT)?;
+    hub_module.const_set("WORKER_PAYLOAD_LIMIT", hub::limits::WORKER_PAYLOAD_LIMIT)?;
     hub_module.define_module_function("socket_name", function!(socket_name, 1))?;
     hub_module.define_module_function("stale_sockets", function!(stale_sockets, 1))?;
     hub_module.define_module_function("listen_ack_timeout", function!(listen_ack_timeout, 1))?;

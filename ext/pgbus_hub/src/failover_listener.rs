@@ -186,11 +186,18 @@ impl RbFailoverListener {
         Some(ruby.to_symbol(state.as_str()))
     }
 
-    /// `state`, and the own connection's health (only `state` while the hub serves).
+    /// `state` and `dropped_payloads`, and the own connection's health (only
+    /// those two while the hub serves).
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         let hash = ruby.hash_new();
         if let Some(state) = Self::state(ruby, rb_self) {
             hash.aset(ruby.to_symbol("state"), state)?;
+        }
+        if let Some(listener) = rb_self.listener() {
+            hash.aset(
+                ruby.to_symbol("dropped_payloads"),
+                listener.dropped_payloads(),
+            )?;
         }
         if let Some(local) = rb_self.listener().and_then(|l| l.local()) {
             let stats = local.stats();

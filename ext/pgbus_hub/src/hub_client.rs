@@ -12,6 +12,7 @@ use magnus::scan_args::{get_kwargs, scan_args};
 use magnus::typed_data::DataTypeFunctions;
 use magnus::{method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Symbol, Value};
 use pgbus_hub_core::client::{ClientConfig, ClientError, HubClient, Listening};
+use pgbus_hub_core::delivery::Drops;
 use pgbus_hub_core::failover::RefusedNames;
 use pgbus_hub_core::hub::SOCKET_ENV;
 use pgbus_hub_core::log::LogSink;
@@ -83,6 +84,7 @@ impl RbHubClient {
             let config = ClientConfig {
                 socket_path: options.socket_path.clone().into(),
                 ack_timeout: options.ack_timeout,
+                drops: Drops::new(log.clone()),
                 log,
             };
             // Driven: the Ruby pump thread reads the socket itself (no reader thread).

@@ -4,15 +4,34 @@
 //! binding's unblock function calls [`WakeSource::interrupt`] so `Thread#kill`
 //! and `stop` never wait on it. Two sources exist: this channel (filled by a
 //! native thread: the per-worker listener) and the hub client's
-//! [`crate::client::DrivenReader`] (the pump thread reads the socket itself).
+//! [`crate::client::DrivenReader`] (the pump thread reads the socket itself,
+//! and a sub waiting for its ack reads it while the pump is away).
 //!
-//! The channel is unbounded on purpose: an ephemeral wake is the only copy of
-//! its payload and must never be dropped here. Bounding happens upstream, per
-//! worker, in the master hub (durable wakes dropped, a stuck worker evicted).
+//! **Bounded or coalesced** (docs/configuration.md, "Limits"): while the
+//! pump is away (pgbus's dispatch queue full, an app thread holding the GVL)
+//! nothing here grows without bound. A durable wake carries no payload, so
+//! one undelivered wake per queue is all its stream needs: a second one
+//! while the first waits adds nothing (it is delivered after the second
+//! NOTIFY arrived, so the stream's read sees that commit too). Payload wakes
+//! past [`WORKER_PAYLOAD_LIMIT`] undelivered are dropped, counted
+//! ([`Drops`]), logged and evented (`drop`, `wake: payload`). Everything
+//! else (`Failed`, `Listening`, markers, moves) is queued as it comes; there
+//! are few. Coalescing never reaches across a marker or a move: the
+//! listener switches sides there, and each side's wakes stay its own.
 
+use crate::events;
+use crate::hub::limits::WORKER_PAYLOAD_LIMIT;
+use crate::log::LogSink;
 use crate::protocol::Wake;
+use crate::sync::lock;
 use crossbeam_channel::{Receiver, Sender};
-use std::time::Duration;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A WARN for the first dropped payload of a channel and every this many after.
+const DROP_LOG_EVERY: u64 = 100;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -35,13 +54,152 @@ pub enum Delivery {
     Move { channel: String, token: String },
 }
 
-#[derive(Clone, Debug)]
-pub struct DeliverySender(Sender<Delivery>);
+impl Delivery {
+    /// A marker or a move: where a listener may switch sides.
+    fn is_cut(&self) -> bool {
+        matches!(self, Self::Marker { .. } | Self::Move { .. })
+    }
+}
+
+/// Payload wakes dropped over [`WORKER_PAYLOAD_LIMIT`], shared by every
+/// channel of one listener (its own connection's and each hub client's), so
+/// its stats count them across fail-overs and fail-backs. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Drops {
+    dropped: Arc<AtomicU64>,
+    log: LogSink,
+}
+
+impl Drops {
+    /// Counts into a new counter and logs to `log`.
+    pub fn new(log: LogSink) -> Self {
+        Self {
+            dropped: Arc::default(),
+            log,
+        }
+    }
+
+    /// Payload wakes dropped so far.
+    pub fn count(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, queue: &str) {
+        let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        if dropped == 1 || dropped % DROP_LOG_EVERY == 0 {
+            self.log.warn(format!(
+                "[pgbus-hub] dropped a payload for {queue}: {WORKER_PAYLOAD_LIMIT} payload wakes \
+                 wait undelivered in this worker (its dispatch queue does not drain); \
+                 {dropped} dropped so far"
+            ));
+        }
+        events::dropped_payload(queue);
+    }
+}
+
+/// What waits for the pump, with what bounds it.
+#[derive(Default)]
+struct Pending {
+    items: VecDeque<Delivery>,
+    /// Payload wakes in `items`.
+    payloads: usize,
+    /// Queues with a durable wake in `items`, by the cut it waits behind
+    /// (the number of cuts queued before it): a durable wake is coalesced
+    /// only into one behind the same cut.
+    durable: HashMap<Arc<str>, u64>,
+    cuts_queued: u64,
+    cuts_taken: u64,
+}
+
+impl Pending {
+    /// False when `delivery` was coalesced or dropped.
+    fn push(&mut self, delivery: Delivery, drops: &Drops) -> bool {
+        match &delivery {
+            Delivery::Wake(wake) if wake.is_droppable() => {
+                let behind = self.cuts_queued;
+                if self.durable.insert(Arc::clone(&wake.queue), behind) == Some(behind) {
+                    return false;
+                }
+            }
+            Delivery::Wake(wake) if self.payloads >= WORKER_PAYLOAD_LIMIT => {
+                drops.record(&wake.queue);
+                return false;
+            }
+            Delivery::Wake(_) => self.payloads += 1,
+            cut if cut.is_cut() => self.cuts_queued += 1,
+            _ => {}
+        }
+        self.items.push_back(delivery);
+        true
+    }
+
+    fn pop(&mut self) -> Option<Delivery> {
+        let delivery = self.items.pop_front()?;
+        match &delivery {
+            Delivery::Wake(wake) if !wake.is_droppable() => self.payloads -= 1,
+            // A durable one: forgotten unless a later one (behind a later cut) took its place.
+            Delivery::Wake(wake) if self.durable.get(&wake.queue) == Some(&self.cuts_taken) => {
+                self.durable.remove(&wake.queue);
+            }
+            cut if cut.is_cut() => self.cuts_taken += 1,
+            _ => {}
+        }
+        Some(delivery)
+    }
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    drops: Drops,
+    /// Live `DeliverySender`s: none left and nothing pending is `closed`.
+    senders: AtomicUsize,
+    receiver_gone: AtomicBool,
+}
+
+/// The filling end. Cloning it adds a sender; the channel closes once every
+/// sender is dropped and what they queued is taken.
+#[derive(Debug)]
+pub struct DeliverySender {
+    shared: Arc<Shared>,
+    /// Rung after each push (capacity 1: one pending ring is as good as many).
+    doorbell: Sender<()>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
 
 impl DeliverySender {
-    /// False once the receiver is gone (nobody is listening any more).
+    /// False once the receiver is gone (nobody is listening any more). A
+    /// coalesced or dropped wake is still a successful send.
     pub fn send(&self, delivery: Delivery) -> bool {
-        self.0.send(delivery).is_ok()
+        if self.shared.receiver_gone.load(Ordering::Acquire) {
+            return false;
+        }
+        if lock(&self.shared.pending).push(delivery, &self.shared.drops) {
+            let _ = self.doorbell.try_send(());
+        }
+        true
+    }
+}
+
+impl Clone for DeliverySender {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::AcqRel);
+        Self {
+            shared: Arc::clone(&self.shared),
+            doorbell: self.doorbell.clone(),
+        }
+    }
+}
+
+impl Drop for DeliverySender {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.doorbell.try_send(()); // a waiting receiver sees `closed`
+        }
     }
 }
 
@@ -66,9 +224,16 @@ pub trait WakeSource: Send + Sync {
 }
 
 pub struct DeliveryReceiver {
-    deliveries: Receiver<Delivery>,
+    shared: Arc<Shared>,
+    doorbell: Receiver<()>,
     interrupts: Receiver<()>,
     interrupter: Interrupter,
+}
+
+impl Drop for DeliveryReceiver {
+    fn drop(&mut self) {
+        self.shared.receiver_gone.store(true, Ordering::Release);
+    }
 }
 
 /// Wakes a thread blocked in `next_batch`. Cheap to clone, callable from any thread.
@@ -82,15 +247,33 @@ impl Interrupter {
     }
 }
 
+/// A channel whose payload drops count into a counter of its own (tests,
+/// and callers without a listener's stats).
 pub fn channel() -> (DeliverySender, DeliveryReceiver) {
-    let (sender, deliveries) = crossbeam_channel::unbounded();
+    channel_counting(Drops::default())
+}
+
+/// A channel whose payload drops count into `drops`.
+pub fn channel_counting(drops: Drops) -> (DeliverySender, DeliveryReceiver) {
+    let (doorbell_sender, doorbell) = crossbeam_channel::bounded(1);
     let (interrupt_sender, interrupts) = crossbeam_channel::bounded(1);
+    let shared = Arc::new(Shared {
+        pending: Mutex::default(),
+        drops,
+        senders: AtomicUsize::new(1),
+        receiver_gone: AtomicBool::new(false),
+    });
     let receiver = DeliveryReceiver {
-        deliveries,
+        shared: Arc::clone(&shared),
+        doorbell,
         interrupts,
         interrupter: Interrupter(interrupt_sender),
     };
-    (DeliverySender(sender), receiver)
+    let sender = DeliverySender {
+        shared,
+        doorbell: doorbell_sender,
+    };
+    (sender, receiver)
 }
 
 impl DeliveryReceiver {
@@ -101,22 +284,38 @@ impl DeliveryReceiver {
     /// Adds deliveries already waiting to `batch`, without blocking, until it
     /// holds `max` (at least one). Never sets `closed` while items remain.
     pub fn take_ready(&self, batch: &mut Batch, max: usize) {
+        let mut pending = lock(&self.shared.pending);
         while batch.items.len() < max.max(1) {
-            match self.deliveries.try_recv() {
-                Ok(delivery) => batch.items.push(delivery),
-                Err(crossbeam_channel::TryRecvError::Empty) => break,
-                // Disconnected with items in hand: report `closed` on the next call.
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    batch.closed = batch.items.is_empty();
+            match pending.pop() {
+                Some(delivery) => batch.items.push(delivery),
+                None => {
+                    // Every sender gone with nothing in hand: report `closed` (else on the next call).
+                    batch.closed = batch.items.is_empty() && self.senders_gone();
                     break;
                 }
             }
         }
     }
 
+    fn senders_gone(&self) -> bool {
+        self.shared.senders.load(Ordering::Acquire) == 0
+    }
+
     /// Like [`WakeSource::next_batch`] for one item, without interrupts (Rust callers and tests).
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
-        self.deliveries.recv_timeout(timeout).ok()
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(delivery) = lock(&self.shared.pending).pop() {
+                return Some(delivery);
+            }
+            if self.senders_gone() {
+                return None;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.doorbell.recv_timeout(left).is_err() {
+                return lock(&self.shared.pending).pop();
+            }
+        }
     }
 }
 
@@ -124,19 +323,20 @@ impl WakeSource for DeliveryReceiver {
     /// Blocks until a delivery arrives, `interrupt` is called, or `timeout`
     /// passes; then takes up to `max` deliveries that are already waiting.
     fn next_batch(&self, max: usize, timeout: Duration) -> Batch {
+        let deadline = Instant::now() + timeout;
         let mut batch = Batch::default();
-        crossbeam_channel::select! {
-            recv(self.deliveries) -> first => match first {
-                Ok(delivery) => batch.items.push(delivery),
-                Err(_) => batch.closed = true,
-            },
-            recv(self.interrupts) -> _ => batch.interrupted = true,
-            default(timeout) => {}
-        }
-        if !batch.closed {
+        loop {
             self.take_ready(&mut batch, max);
+            if !batch.items.is_empty() || batch.closed || batch.interrupted {
+                return batch;
+            }
+            // A ring may be left from deliveries already taken: then look again.
+            crossbeam_channel::select! {
+                recv(self.doorbell) -> _ => {},
+                recv(self.interrupts) -> _ => batch.interrupted = true,
+                default(deadline.saturating_duration_since(Instant::now())) => return batch,
+            }
         }
-        batch
     }
 
     fn interrupt(&self) {
@@ -184,5 +384,113 @@ mod tests {
         let batch = receiver.next_batch(8, Duration::from_secs(1));
         assert_eq!((batch.items.len(), batch.closed), (1, false));
         assert!(receiver.next_batch(8, Duration::from_secs(1)).closed);
+    }
+
+    fn payload(q: &str, p: &str) -> Delivery {
+        Delivery::Wake(Wake::new(q, Some(p)))
+    }
+
+    fn drain(receiver: &DeliveryReceiver) -> Vec<Delivery> {
+        let mut all = Vec::new();
+        loop {
+            let batch = receiver.next_batch(usize::MAX, Duration::ZERO);
+            if batch.items.is_empty() {
+                return all;
+            }
+            all.extend(batch.items);
+        }
+    }
+
+    #[test]
+    fn undelivered_durable_wakes_coalesce_per_queue_and_again_once_taken() {
+        let (sender, receiver) = channel();
+        for q in ["a", "b", "a", "a", "b"] {
+            sender.send(wake(q));
+        }
+        assert_eq!(drain(&receiver), vec![wake("a"), wake("b")]);
+        sender.send(wake("a"));
+        assert_eq!(
+            drain(&receiver),
+            vec![wake("a")],
+            "taken: the next one queues"
+        );
+    }
+
+    /// Each side of a cut keeps its own wakes: the listener switches at it.
+    #[test]
+    fn coalescing_never_reaches_across_a_marker_or_a_move() {
+        let (sender, receiver) = channel();
+        let marker = Delivery::Marker { token: "k".into() };
+        let moved = Delivery::Move {
+            channel: "c".into(),
+            token: "m".into(),
+        };
+        for item in [
+            wake("a"),
+            marker.clone(),
+            wake("a"),
+            wake("a"),
+            moved.clone(),
+            wake("a"),
+        ] {
+            sender.send(item);
+        }
+        assert_eq!(
+            drain(&receiver),
+            vec![wake("a"), marker, wake("a"), moved, wake("a")]
+        );
+        // The first `a` is taken while a later one (behind the marker) waits.
+        let marker = Delivery::Marker { token: "j".into() };
+        sender.send(wake("a"));
+        sender.send(marker.clone());
+        sender.send(wake("a"));
+        assert_eq!(receiver.recv_timeout(Duration::ZERO), Some(wake("a")));
+        sender.send(wake("a")); // coalesced into the one behind the marker
+        assert_eq!(drain(&receiver), vec![marker, wake("a")]);
+    }
+
+    #[test]
+    fn payloads_past_the_limit_are_dropped_and_counted_in_order_and_control_items_never() {
+        let drops = Drops::default();
+        let (sender, receiver) = channel_counting(drops.clone());
+        let extra = 5;
+        for i in 0..WORKER_PAYLOAD_LIMIT + extra {
+            sender.send(payload("p", &i.to_string()));
+        }
+        sender.send(wake("d"));
+        sender.send(Delivery::Failed {
+            reason: "gone".into(),
+        });
+        assert_eq!(drops.count(), extra as u64);
+        let all = drain(&receiver);
+        assert_eq!(all.len(), WORKER_PAYLOAD_LIMIT + 2);
+        let expected: Vec<Delivery> = (0..WORKER_PAYLOAD_LIMIT)
+            .map(|i| payload("p", &i.to_string()))
+            .collect();
+        assert_eq!(
+            all[..WORKER_PAYLOAD_LIMIT],
+            expected[..],
+            "the first ones, in order"
+        );
+        // Room again once taken.
+        assert!(sender.send(payload("p", "again")));
+        assert_eq!(drain(&receiver), vec![payload("p", "again")]);
+        assert_eq!(drops.count(), extra as u64);
+    }
+
+    #[test]
+    fn a_closed_channel_wakes_its_waiter_and_a_send_without_receiver_fails() {
+        let (sender, receiver) = channel();
+        let copy = sender.clone();
+        let waiter = std::thread::spawn(move || receiver.next_batch(8, Duration::from_secs(30)));
+        std::thread::sleep(Duration::from_millis(20));
+        drop(sender);
+        drop(copy);
+        assert!(waiter.join().unwrap().closed);
+
+        let (sender, receiver) = channel();
+        assert!(sender.send(wake("a")));
+        drop(receiver);
+        assert!(!sender.send(wake("a")));
     }
 }

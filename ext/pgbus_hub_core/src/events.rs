@@ -101,14 +101,35 @@ pub enum Event {
         pid: Option<i32>,
         reason: EvictReason,
     },
-    /// Durable wakes the hub dropped for one worker's queue (consecutive
-    /// drops for the same connection and queue are counted in one event).
+    /// Wakes dropped for one queue: durable ones by the hub for a worker
+    /// (`connection` its number), payload ones by a worker itself
+    /// (`connection` None, `pid` its own). Consecutive drops of the same
+    /// connection, queue and kind are counted in one event.
     Drop {
-        connection: u64,
+        connection: Option<u64>,
+        wake: DroppedWake,
         pid: Option<i32>,
         queue: String,
         dropped: u64,
     },
+}
+
+/// Which wakes a `drop` event counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DroppedWake {
+    /// The hub's, over `durable_queue_limit` (the stream re-reads its queue).
+    Durable,
+    /// A worker's own, over `worker_payload_limit` (the payload is lost).
+    Payload,
+}
+
+impl DroppedWake {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Durable => "durable",
+            Self::Payload => "payload",
+        }
+    }
 }
 
 /// A payload value, typed for the embedder: a `Word` is one of a fixed
@@ -202,12 +223,14 @@ impl Event {
             ],
             Self::Drop {
                 connection,
+                wake,
                 pid: peer,
                 queue,
                 dropped,
             } => vec![
-                ("connection", count(*connection)),
+                ("connection", connection.map_or(Field::Nil, count)),
                 ("pid", pid(*peer)),
+                ("wake", Field::Word(wake.as_str())),
                 ("queue", Field::Text(queue.clone())),
                 ("dropped", count(*dropped)),
             ],
@@ -221,17 +244,19 @@ impl Event {
             (
                 Self::Drop {
                     connection,
+                    wake,
                     queue,
                     dropped,
                     ..
                 },
                 Self::Drop {
                     connection: c,
+                    wake: w,
                     queue: q,
                     dropped: d,
                     ..
                 },
-            ) if connection == c && queue == q => {
+            ) if connection == c && wake == w && queue == q => {
                 *dropped += d;
                 true
             }
@@ -420,8 +445,22 @@ pub fn reconnected(queues: usize, listener: &Mutex<Option<Arc<ListenerStats>>>) 
 pub fn dropped(connection: u64, pid: Option<i32>, queue: &str) {
     if enabled() {
         emit(Event::Drop {
-            connection,
+            connection: Some(connection),
+            wake: DroppedWake::Durable,
             pid,
+            queue: queue.to_owned(),
+            dropped: 1,
+        });
+    }
+}
+
+/// This worker dropped a payload wake over `worker_payload_limit` (`crate::delivery`).
+pub fn dropped_payload(queue: &str) {
+    if enabled() {
+        emit(Event::Drop {
+            connection: None,
+            wake: DroppedWake::Payload,
+            pid: i32::try_from(std::process::id()).ok(),
             queue: queue.to_owned(),
             dropped: 1,
         });
@@ -443,7 +482,8 @@ mod tests {
 
     fn drop_of(queue: &str, connection: u64) -> Event {
         Event::Drop {
-            connection,
+            connection: Some(connection),
+            wake: DroppedWake::Durable,
             pid: None,
             queue: queue.into(),
             dropped: 1,

@@ -51,7 +51,7 @@
 use crate::client::{
     hub_ack_timeout, ClientConfig, ClientError, DrivenReader, HubClient, Listening,
 };
-use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, WakeSource};
+use crate::delivery::{self, Batch, Delivery, DeliveryReceiver, DeliverySender, Drops, WakeSource};
 use crate::events::{self, Event, Via};
 use crate::listener::{
     listen_ack_timeout, Cut, ListenError, ListenerConfig, ListenerHandle, StandaloneListener, Start,
@@ -165,6 +165,8 @@ struct FailoverShared {
     listener: ListenerConfig,
     /// Where the local listener's wakes go (the pump reads them after the swap).
     local_wakes: DeliverySender,
+    /// Payload wakes dropped over `worker_payload_limit` on either side.
+    drops: Drops,
     refused: RefusedNames,
     log: LogSink,
     owner: Owner,
@@ -192,13 +194,16 @@ impl FailoverListener {
         cancel: &Receiver<()>,
     ) -> Result<(Self, FailoverWakes), ClientError> {
         let log = config.listener.log.clone();
-        let (local_wakes, local) = delivery::channel();
+        // One count for every channel it reads: its own connection's and each hub client's.
+        let drops = Drops::new(log.clone());
+        let (local_wakes, local) = delivery::channel_counting(drops.clone());
         let mut hub = None;
         let had_hub = config.socket_path.is_some();
         let hub_config = config.socket_path.map(|socket_path| ClientConfig {
             socket_path,
             ack_timeout: hub_ack_timeout(config.listener.health_check),
             log: log.clone(),
+            drops: drops.clone(),
         });
         if let Some(client) = hub_config.clone() {
             match HubClient::connect_driven_or_cancel(client, cancel) {
@@ -232,6 +237,7 @@ impl FailoverListener {
             dropping: AtomicBool::new(false),
             listener: config.listener,
             local_wakes,
+            drops,
             refused: RefusedNames::default(),
             log,
             owner: Owner::current(),
@@ -392,6 +398,12 @@ impl FailoverListener {
             Serving::Hub(client) => client.hub_healthy(),
             _ => false,
         }
+    }
+
+    /// Payload wakes dropped while undelivered, over `worker_payload_limit`
+    /// (`crate::delivery`), on either side since `start`.
+    pub fn dropped_payloads(&self) -> u64 {
+        self.shared.drops.count()
     }
 
     /// The local listener once it serves (for its stats).

@@ -293,8 +293,12 @@ fn driven_reader_resolves_acks_and_delivers_wakes_in_order() {
     let d = driven(Behaviour::default(), Duration::from_secs(2));
     let pump = Pump::start(&d.reader);
     d.client.subscribe("q").expect("acked by the pump's read");
+    // Durable wakes of one queue coalesce while undelivered (`delivery`): one queue each here.
     let expected: Vec<Delivery> = (0..200)
-        .map(|i| Delivery::Wake(Wake::new("q", (i % 2 == 1).then(|| format!("p{i}")))))
+        .map(|i| match i % 2 {
+            1 => Delivery::Wake(Wake::new("q", Some(format!("p{i}")))),
+            _ => Delivery::Wake(Wake::durable(format!("q{i}"))),
+        })
         .collect();
     for item in &expected {
         let Delivery::Wake(item) = item else {

@@ -33,6 +33,7 @@ fn subs_during_an_outage_return_after_reconnect_promptly_and_the_client_stays() 
         socket_path: hub.path().to_owned(),
         ack_timeout: ACK_TIMEOUT,
         log,
+        drops: Default::default(),
     };
     let (client, reader) = HubClient::connect_driven(config).expect("connect");
     let (client, deliveries) = (Arc::new(client), Pump::start(&Arc::new(reader)));
@@ -129,6 +130,7 @@ fn a_hub_that_is_healthy_but_silent_still_times_out_and_fails_over() {
         socket_path: hub.path().to_owned(),
         ack_timeout: Duration::from_millis(300),
         log,
+        drops: Default::default(),
     };
     let (client, reader) = HubClient::connect_driven(config).expect("connect");
     let deliveries = Pump::start(&Arc::new(reader));

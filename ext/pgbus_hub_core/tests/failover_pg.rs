@@ -594,6 +594,9 @@ fn a_peer_that_ignores_move_is_closed_after_the_grace_and_counted_unmoved() {
         .unwrap();
     peer.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    // The hub routes a queue to a worker as it reads the sub, so a wake may
+    // precede the ack: the NOTIFY below waits for the ack.
+    let (acked, ack_seen) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let (mut decoder, mut kinds, mut buffer) = (Decoder::new(), Vec::new(), [0u8; 4096]);
         loop {
@@ -603,6 +606,10 @@ fn a_peer_that_ignores_move_is_closed_after_the_grace_and_counted_unmoved() {
                     Message::Move(Move::Leave { to, .. }) => {
                         assert_eq!(to, None);
                         kinds.push("move");
+                    }
+                    Message::Ack(_) => {
+                        let _ = acked.send(());
+                        kinds.push("ack");
                     }
                     other => kinds.push(other.kind()),
                 }
@@ -614,6 +621,9 @@ fn a_peer_that_ignores_move_is_closed_after_the_grace_and_counted_unmoved() {
         }
     });
     support_wait::wait_until("both subscribed", || hub.stats().workers == 2);
+    ack_seen
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the peer's ack");
     fx.notify(&queue, "before");
     pump.expect_wake(&queue, "before");
     hub.stop();

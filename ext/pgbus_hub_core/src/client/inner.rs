@@ -13,6 +13,7 @@ impl Inner {
             socket_path,
             ack_timeout,
             log,
+            drops: _, // counted by `deliveries`
         } = config;
         let unreachable = |why: String| unreachable_at(&socket_path, why);
         crate::transport::check_socket_path(&socket_path).map_err(unreachable)?;

@@ -59,7 +59,7 @@ pub use driven::DrivenReader;
 pub(crate) use stats::{await_answer, Unanswered};
 pub use stats::{request_stats, StatsError};
 
-use crate::delivery::{self, Delivery, DeliverySender};
+use crate::delivery::{self, Delivery, DeliverySender, Drops};
 use crate::log::LogSink;
 use crate::os::Wakeup;
 use crate::process::Owner;
@@ -119,6 +119,9 @@ pub struct ClientConfig {
     /// Bounds both the write of a frame and the wait for a `sub`'s ack.
     pub ack_timeout: Duration,
     pub log: LogSink,
+    /// Counts the payload wakes its channel drops (a listener shares one
+    /// across its clients: `crate::delivery::Drops`).
+    pub drops: Drops,
 }
 
 impl ClientConfig {
@@ -128,6 +131,7 @@ impl ClientConfig {
             socket_path: socket_path.into(),
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             log: LogSink::silent(),
+            drops: Drops::default(),
         }
     }
 }
@@ -287,7 +291,7 @@ impl HubClient {
         config: ClientConfig,
         cancel: &Receiver<()>,
     ) -> Result<(Self, DrivenReader), ClientError> {
-        let (deliveries, receiver) = delivery::channel();
+        let (deliveries, receiver) = delivery::channel_counting(config.drops.clone());
         let inner = Inner::connect(config, deliveries, cancel)?;
         let wakeup = Wakeup::new().map_err(|e| {
             inner.unreachable(format!("cannot create the wake-up {}: {e}", Wakeup::KIND))

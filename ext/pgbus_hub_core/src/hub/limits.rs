@@ -9,7 +9,9 @@
 //! (`durable_queue_limit`, `hard_queue_limit`; catch-up wakes paced by
 //! `catch_up_unread_limit`) -> its writer's batch (`frames_per_batch`) -> the
 //! kernel's socket buffer (the kernel's size, not ours) -> the worker's
-//! decoder (`max_frame_bytes`). A frame from a worker: the hub's decoder
+//! decoder (`max_frame_bytes`) -> the worker's channel to its pump
+//! (`worker_payload_limit`, applied by each worker, on its own connection's
+//! wakes too: `crate::delivery`). A frame from a worker: the hub's decoder
 //! (`max_frame_bytes`, `frame_completion_timeout`) -> the router's command
 //! queue (`command_queue`) -> a sub (`max_pending_subs`, the channel caps).
 //!
@@ -26,6 +28,14 @@ use std::time::Duration;
 /// pgbus's defaults (MasterHub::DEFAULT_DURABLE_QUEUE_LIMIT / DEFAULT_HARD_QUEUE_LIMIT).
 pub const DEFAULT_DURABLE_QUEUE_LIMIT: usize = 256;
 pub const DEFAULT_HARD_QUEUE_LIMIT: usize = 1024;
+
+/// Payload wakes a worker holds undelivered while its pump is away
+/// (`crate::delivery`); past it the next are dropped. A pump starved of the
+/// GVL by busy request threads takes a burst in late, not never: 2,000
+/// arrive within a second in `spec/hub_client_spec.rb`'s storm, so this is
+/// five such bursts. At PostgreSQL's 8 kB payload cap it holds at most
+/// ~80 MB (a large payload fetched from its table counts as one).
+pub const WORKER_PAYLOAD_LIMIT: usize = 10_000;
 
 /// Between `status` broadcasts (pgbus's hub's `status_interval` default: it
 /// checks health this often): a change reaches workers within a second.
@@ -93,6 +103,8 @@ pub struct Limits {
     pub catch_up_unread_limit: Option<usize>,
     pub catch_up_poll_first: Duration,
     pub catch_up_poll_max: Duration,
+    /// Applied by each worker, not by the hub: reported so one place says it.
+    pub worker_payload_limit: usize,
     pub status_interval: Duration,
     /// The wire format's, both ways (defined with it: `protocol::MAX_FRAME_BYTES`).
     pub max_frame_bytes: usize,
@@ -125,6 +137,7 @@ impl Limits {
             ("catch_up_unread_limit", self.catch_up_unread_limit.into()),
             ("catch_up_poll_first", seconds(self.catch_up_poll_first)),
             ("catch_up_poll_max", seconds(self.catch_up_poll_max)),
+            ("worker_payload_limit", self.worker_payload_limit.into()),
             ("status_interval", seconds(self.status_interval)),
             ("max_frame_bytes", self.max_frame_bytes.into()),
             (
@@ -157,6 +170,7 @@ impl Default for Limits {
             catch_up_unread_limit: crate::os::UNREAD_BYTES_TRUSTED.then_some(CATCH_UP_UNREAD_LIMIT),
             catch_up_poll_first: CATCH_UP_POLL_FIRST,
             catch_up_poll_max: CATCH_UP_POLL_MAX,
+            worker_payload_limit: WORKER_PAYLOAD_LIMIT,
             status_interval: DEFAULT_STATUS_INTERVAL,
             max_frame_bytes: MAX_FRAME_BYTES,
             frame_completion_timeout: FRAME_COMPLETION_TIMEOUT,

@@ -131,6 +131,7 @@ fn driven_with(behaviour: Behaviour, ack_timeout: Duration, log: LogSink) -> Dri
         socket_path: hub.path().to_owned(),
         ack_timeout,
         log,
+        drops: Default::default(),
     };
     let (client, reader) = HubClient::connect_driven(config).expect("connect");
     hub.wait_connections(1);

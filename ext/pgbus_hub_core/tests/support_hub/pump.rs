@@ -27,6 +27,7 @@ pub fn driven_client(
         socket_path: socket_path.to_owned(),
         ack_timeout,
         log: LogSink::silent(),
+        drops: Default::default(),
     })
     .expect("connect");
     (Arc::new(client), Pump::start(&Arc::new(reader)))

@@ -192,7 +192,10 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     /// effect. Returns the queries with the handover marker's token.
     fn relisten_queries(&mut self) -> (Vec<String>, Option<String>) {
         let (private, marker) = self.handover.statements();
-        let mut closing: String = private.iter().map(|statement| format!("{statement};")).collect();
+        let mut closing: String = private
+            .iter()
+            .map(|statement| format!("{statement};"))
+            .collect();
         if let Some(cut) = &self.start_cut {
             closing.push_str(&self.handover.cut_sql(cut));
         }
