@@ -324,8 +324,12 @@ impl<F: FnMut(Event) + Send + 'static> Engine<F> {
     }
 
     /// Closes the standby (nothing to hand over: it delivers nothing); a
-    /// new one is connected by [`Self::tend_standby`].
+    /// new one is connected by [`Self::tend_standby`]. During a stop an
+    /// operation on it ends "stopped": that is the stop, closed quietly.
     pub(super) async fn standby_gone(&mut self, why: &str) {
+        if self.shutdown.is_triggered() {
+            return self.close_standby().await;
+        }
         self.alignment.reset();
         if let Some((session, backend)) = self.standby.take() {
             self.config.log.warn(format!(
