@@ -12,8 +12,8 @@
 #
 # Env: PGBUS_HUB_TEST_DATABASE_URL (default host=/var/run/postgresql dbname=pgbus_hub_test),
 #      BENCH_ROUNDS (default 2), BENCH_SAMPLES (wake probes per cell per round, default 100),
-#      BENCH_ONLY=floor,wake,sub_ack,burst8,fanout32,footprint,isolation,gap,scale (a subset),
-#      GAP_* (benchmarks/relisten_gap.rb),
+#      BENCH_ONLY=floor,wake,sub_ack,burst8,fanout32,footprint,isolation,gap,standby,scale (a subset),
+#      GAP_* (benchmarks/relisten_gap.rb), BENCH_STANDBY_* (benchmarks/standby.rb),
 #      BENCH_SCALE=0 (skip the busy-host figures) and BENCH_SCALE_* (benchmarks/scale.rb).
 
 require "json"
@@ -28,6 +28,7 @@ require_relative "baselines/ruby_hub"
 require_relative "lib/worker"
 require_relative "scale"
 require_relative "relisten_gap"
+require_relative "standby"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
@@ -114,12 +115,13 @@ module Bench
   class Hub
     attr_reader :pid, :mode, :socket
 
-    def initialize(mode, dir, url: URL)
+    # standby: the native hub's `standby: true` (benchmarks/standby.rb).
+    def initialize(mode, dir, url: URL, standby: false)
       @mode = mode
       @socket = File.join(dir, "#{mode}-#{rand(1 << 30)}.sock")
       script = mode == "ruby-hub" ? "baselines/ruby_hub.rb" : "lib/native_hub_process.rb"
       @io = IO.popen([RbConfig.ruby, "-I", File.join(ROOT, "lib"), File.join(__dir__, script),
-                      @socket, url, HEALTH_MS.to_s], "r+")
+                      @socket, url, HEALTH_MS.to_s, *("standby" if standby)], "r+")
       @pid = @io.pid
       raise "#{mode} hub did not start" unless @io.wait_readable(TIMEOUT) && @io.gets&.strip == "ready"
     end
@@ -639,12 +641,14 @@ module Bench
     run.call(:footprint) { fig4_footprint }
     run.call(:isolation) { fig5_isolation }
     run.call(:gap) { RelistenGap.run }
+    run.call(:standby) { Standby.run }
     run.call(:scale) { Scale.run } unless ENV["BENCH_SCALE"] == "0"
     machine[:loadavg_end] = loadavg
     machine[:seconds] = ((now_ns - started) / 1e9).round(1)
     rows = only ? [] : build_rows(r)
     add = ->(*row) { rows << %i[figure mode value target status].zip(row).to_h }
     RelistenGap.rows(r[:gap], ->(*row, ok) { add.call(*row, verdict(ok)) }) if r[:gap]
+    Standby.rows(r[:standby], add) if r[:standby]
     Scale.rows(r[:scale], add) if r[:scale]
     rows << { figure: "unconfirmed LISTEN answers (nil), all figures", mode: "-", value: unconfirmed.inspect,
               target: "0", status: verdict(unconfirmed.values.sum.zero?) }
