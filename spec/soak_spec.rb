@@ -36,6 +36,8 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
         expect(lost).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
       end
       expect(hub[:duplicates]).to be_empty
+      # ActionCable's callbacks run one at a time in arrival order (PgbusHub::InOrder): a burst keeps NOTIFY order.
+      expect(hub[:out_of_order].values.sum).to eq(0), "out of order after #{window[:fault]}: #{hub[:out_of_order]}"
     end
     expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
   end
@@ -56,6 +58,7 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
       expect(hub).to include(standby_promotions: 1, reconnects: 0) # the standby served on; no re-LISTEN
       expect(hub[:lost_connected].values.sum).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
       expect(hub[:duplicates]).to be_empty
+      expect(hub[:out_of_order].values.sum).to eq(0), "out of order after #{window[:fault]}: #{hub[:out_of_order]}"
     end
     expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
   end
@@ -74,6 +77,7 @@ RSpec.describe "soak, short form: a fault every 30 s on a Rails app", :soak do
       expect(hub[:census][:settle_s]).not_to be_nil, "census not back to 1 after #{window[:fault]}: #{hub[:census]}"
       expect(hub[:lost_connected].values.sum).to eq(0), "lost while connected after #{window[:fault]}: #{hub[:lost_examples]}"
       expect(hub[:duplicates]).to be_empty
+      expect(hub[:out_of_order].values.sum).to eq(0), "out of order after #{window[:fault]}: #{hub[:out_of_order]}"
     end
     expect(data[:totals]["pgbus_hub"]).to include(stopped_cleanly: true)
   end
