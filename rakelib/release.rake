@@ -23,9 +23,9 @@ namespace :release do
     abort "release:gems: set PGBUS_HUB_RUBY40 to a Ruby 4.0's bin/ruby (the -gnu gem carries 4.0)" unless ruby40
 
     rm_f Dir[File.join(PKG, "*.gem")] + [File.join(PKG, "SHA256SUMS")]
-    # native:aarch64 first: rake packaging's with_run_database leaves PGBUS_HUB_TEST_DATABASE_URL
-    # naming its run's database, dropped when it ends, and native:aarch64's qemu smoke checks read
-    # it (run after packaging, 2026-12-08: "timed out after 60s waiting for the hub LISTENing", twice).
+    # native:aarch64 first, the order that ran in full (2026-12-08). After packaging it once read
+    # PGBUS_HUB_TEST_DATABASE_URL naming packaging's dropped run database (with_run_database now
+    # restores it): "timed out after 60s waiting for the hub LISTENing", twice.
     Rake::Task["native:aarch64"].invoke
     Rake::Task[:packaging].invoke # rake gem, rake native (-gnu, musl, darwin), then the install checks
     gems = [File.join(PKG, "pgbus-hub-#{Pgbus::Hub::VERSION}.gem"), *Pgbus::Hub::NATIVE_PLATFORMS.values.flatten.map { |platform| native_gem(platform) }]
